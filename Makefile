@@ -1,0 +1,29 @@
+# souffle-tvm: `make install` then `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all bench lint gpu-check clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+install: $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+
+test: $(PY)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-all: $(PY)
+	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+bench: $(PY)
+	$(PY) python/bench_launches.py
+
+lint: $(PY)
+	$(PY) -m pyflakes souffle_tvm tests python 2>/dev/null || $(PY) -m compileall -q souffle_tvm tests python
+
+clean:
+	rm -rf build *.egg-info .pytest_cache

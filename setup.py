@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="souffle-tvm",
+    version="0.1.0",
+    description="Souffle (ASPLOS 2024) as a TVM extension: whole-model tensor-expression analysis "
+                "and resource-aware kernel partitioning with grid-synchronised cooperative kernels",
+    packages=find_packages(include=["souffle_tvm", "souffle_tvm.*"]),
+    python_requires=">=3.11,<3.12",
+    install_requires=[
+        "apache-tvm==0.27.0.post1",
+        # 0.1.15.post2 segfaults in tvm.ir.save_json, which MetaSchedule's database needs.
+        "apache-tvm-ffi==0.1.14.post0",
+        "numpy>=1.26,<3",
+        "onnx==1.23.2",
+        # The xgboost module without the 470 MB NCCL download; MetaSchedule's cost model.
+        "xgboost-cpu==3.2.0",
+        # MetaSchedule's TuneContext imports psutil but the TVM wheel does not require it.
+        "psutil==7.2.2",
+        "ml_dtypes==0.6.0",
+    ],
+    extras_require={
+        "test": ["pytest==9.2.0", "onnxruntime==1.32.0"],
+        "bench": ["onnxruntime==1.32.0"],
+    },
+    entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},
+)

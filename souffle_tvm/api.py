@@ -1,0 +1,131 @@
+"""``souffle_tvm.compile``: the one-call API. ONNX/zoo model in; executable and Report out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from . import build_tvm, resources, tir_stats
+from .errors import NotAvailableError, SouffleError
+from .frontend import ImportedModel, import_onnx
+from .report import KernelReport, Report
+from .targets import describe, is_cuda, make_target
+
+FUSIONS = ("tvm", "souffle")
+
+
+@dataclass
+class Compiled:
+    """A built model: the executable, the imported model (weights, I/O) and its Report."""
+
+    model: ImportedModel
+    target: tvm.target.Target
+    executable: relax.Executable
+    report: Report
+    cuda_source: str | None = None
+
+    def export_library(self, path: str) -> None:
+        """Write the library plus ``<path>.params.npz`` (weights and I/O names beside it)."""
+        self.executable.export_library(path)
+        np.savez(f"{path}.params.npz", **{f"param_{i:05d}": p for i, p in enumerate(self.model.params)},
+                 __inputs__=np.array([f"{i.name}|{'x'.join(map(str, i.shape))}|{i.dtype}" for i in self.model.inputs]),
+                 __outputs__=np.array(self.model.outputs), __target__=np.array(describe(self.target)))
+
+
+def _cuda_modules(mod, acc=None) -> list:
+    acc = [] if acc is None else acc
+    if mod.kind == "cuda":
+        acc.append(mod)
+    for sub in mod.imports:
+        _cuda_modules(sub, acc)
+    return acc
+
+
+def cuda_source(executable: relax.Executable) -> str | None:
+    mods = _cuda_modules(executable.mod)
+    return "\n".join(m.inspect_source() for m in mods) if mods else None
+
+
+def _kernel_flops(kernels: list[build_tvm.DeviceKernel], flops: dict[str, int]) -> list[int]:
+    """Split a PrimFunc's block flops over its kernels by which kernel stores each block's buffer."""
+    if len(kernels) == 1:
+        return [sum(flops.values())]
+    out = [0] * len(kernels)
+    for buf, f in flops.items():
+        owner = next((i for i, k in enumerate(kernels) if buf in k.stored), 0)
+        out[owner] += f
+    return out
+
+
+def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | None, use_nvcc: bool) -> Report:
+    arch = str(target.attrs["arch"])
+    nvcc_note, res, t_nvcc = "", None, 0.0
+    if not use_nvcc:
+        nvcc_note = "nvcc disabled"
+    elif resources.nvcc_path() is None:
+        nvcc_note = "nvcc not found on PATH: no register, shared-memory or spill figures"
+    elif src:
+        t = time.perf_counter()
+        res = resources.measure(src, arch)
+        t_nvcc = time.perf_counter() - t
+    by_func: dict[str, list[build_tvm.DeviceKernel]] = {}
+    for k in result.kernels:
+        by_func.setdefault(k.primfunc, []).append(k)
+    kernels = []
+    for pf, calls in result.calls.items():
+        ks = by_func.get(pf, [])
+        for k, fl in zip(ks, _kernel_flops(ks, result.flops.get(pf, {}))):
+            r = res.get(k.name) if res else None
+            kernels.append(KernelReport(
+                k.name, pf, k.grid, k.block, r.registers if r else None,
+                (r.shared_bytes if r else 0) + k.dyn_shared_bytes if (r or not res) else None,
+                r.spill_bytes if r else None, calls, sum(k.global_buffers.values()), fl))
+    distinct = len({k.name for k in result.kernels})
+    return _totals(name, describe(target).split()[0], arch, kernels, distinct, result.seconds,
+                   {"available": res is not None, "seconds": round(t_nvcc, 3), "note": nvcc_note})
+
+
+def _cpu_report(name: str, result: build_tvm.BuildResult) -> Report:
+    funcs = {gv.name_hint: f for gv, f in result.fused.functions.items() if isinstance(f, tirx.PrimFunc)}
+    kernels = [KernelReport(pf, pf, None, None, None, None, None, calls,
+                            tir_stats.primfunc_param_bytes(funcs[pf]), sum(result.flops.get(pf, {}).values()))
+               for pf, calls in result.calls.items()]
+    return _totals(name, "llvm", None, kernels, len(kernels), result.seconds,
+                   {"available": False, "seconds": 0.0, "note": "CPU target"})
+
+
+def _totals(name, target, arch, kernels, distinct, seconds, nvcc) -> Report:
+    return Report(model=name, target=target, arch=arch, fusion="tvm",
+                  launches=sum(k.launches for k in kernels), distinct_kernels=distinct,
+                  compile_seconds=round(seconds, 3),
+                  bytes=sum(k.launches * k.bytes for k in kernels),
+                  flops=sum(k.launches * k.flops for k in kernels), nvcc=nvcc, kernels=kernels)
+
+
+def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
+            small: bool = False, dtype: str = "float32", shapes: dict | None = None,
+            nvcc: bool = True) -> Compiled:
+    """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
+
+    ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
+    is the Souffle pipeline (not available in this build: it raises NotAvailableError).
+    """
+    if fusion not in FUSIONS:
+        raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
+    if fusion == "souffle":
+        raise NotAvailableError("--fusion souffle is not available yet: the Souffle pipeline (TE lowering, "
+                                "transforms, partitioner, stitched cooperative kernels) is still being built; "
+                                "use --fusion tvm")
+    tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
+    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
+    result = build_tvm.build(imported.mod, tgt)
+    if is_cuda(tgt):
+        src = cuda_source(result.executable)
+        report = _cuda_report(imported.name, tgt, result, src, nvcc)
+    else:
+        src, report = None, _cpu_report(imported.name, result)
+    return Compiled(imported, tgt, result.executable, report, src)

@@ -1,0 +1,184 @@
+"""``souffle-tvm``: compile, run and inspect models, in the manner of the former ``tvmc``.
+
+Exit codes: 0 success; 1 ``run --check`` found a numerical mismatch; 2 bad input or an
+unavailable feature (the message says which); 3 an internal error (a bug: please report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import zoo
+from .errors import SouffleError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an ONNX file, or a zoo model name (see `souffle-tvm zoo list`)")
+    p.add_argument("--small", action="store_true", help="zoo models: the small variant (same structure)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                   help="zoo models: precision of weights and activations (bert and swin also in float16)")
+    p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
+                   help="fix the shapes of dynamic model inputs")
+    p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
+                   help="kernel fusion: TVM's rule-based FuseOps, or Souffle's resource-aware partitioner")
+
+
+def _parse_shapes(text: str | None) -> dict | None:
+    if not text:
+        return None
+    shapes = {}
+    for item in text.split(","):
+        name, _, dims = item.rpartition(":")
+        if not name or not dims:
+            raise SouffleError(f"--input-shapes item {item!r} is not NAME:DIMxDIM...")
+        shapes[name] = tuple(int(d) for d in dims.split("x"))
+    return shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="souffle-tvm", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="exit codes: 0 ok, 1 numerical mismatch, 2 bad input, 3 internal error")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="build a model and write its report")
+    _model_args(p)
+    p.add_argument("--target", default="cuda", help="cuda (default sm_90), 'cuda -arch=sm_80', or llvm")
+    p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_80 or sm_90 (default sm_90)")
+    p.add_argument("-o", "--output", default=None, help="export the library to this .so (weights beside it)")
+    p.add_argument("--report", default=None, help="write the report as JSON to this file")
+    p.add_argument("--no-nvcc", action="store_true", help="skip ptxas resource measurement")
+
+    p = sub.add_parser("run", help="run a model on the CPU (llvm) and optionally check it against onnxruntime")
+    _model_args(p)
+    p.add_argument("--inputs", default=None, help=".npz with one array per model input (default: seeded random)")
+    p.add_argument("--outputs", default=None, help="save the outputs to this .npz")
+    p.add_argument("--check", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
+    p.add_argument("--tolerance", type=float, default=None, help="relative L2 tolerance (1e-5 fp32, 1e-2 fp16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+
+    p = sub.add_parser("zoo", help="the paper's six models, built locally with random weights")
+    zsub = p.add_subparsers(dest="zoo_command", required=True)
+    zsub.add_parser("list", help="list the zoo models")
+    e = zsub.add_parser("export", help="write a zoo model as an ONNX file")
+    e.add_argument("name", choices=zoo.names())
+    e.add_argument("--small", action="store_true")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    e.add_argument("-o", "--output", default=None, help="file name (default NAME[-small].onnx)")
+    return parser
+
+
+def cmd_zoo(args) -> int:
+    import onnx
+
+    if args.zoo_command == "list":
+        for name, entry in zoo.MODELS.items():
+            print(f"{name:<13} {entry.summary}  [{'/'.join(entry.dtypes)}; paper: {entry.paper_dtype}]")
+        return EXIT_OK
+    out = args.output or f"{args.name}{'-small' if args.small else ''}{'-fp16' if args.dtype == 'float16' else ''}.onnx"
+    model = zoo.build(args.name, small=args.small, dtype=args.dtype)
+    onnx.save(model, out)
+    print(f"wrote {out} ({len(model.graph.node)} nodes, {os.path.getsize(out) / 1e6:.1f} MB)")
+    return EXIT_OK
+
+
+def cmd_compile(args) -> int:
+    from .api import compile as compile_model
+
+    t = time.perf_counter()
+    compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
+                             dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc)
+    print(compiled.report.table())
+    print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
+    if args.report:
+        compiled.report.save(args.report)
+        print(f"report: {args.report}")
+    if args.output:
+        compiled.export_library(args.output)
+        print(f"library: {args.output} (+ {args.output}.params.npz)")
+    return EXIT_OK
+
+
+def _load_library(path: str):
+    import tvm
+
+    meta_path = f"{path}.params.npz"
+    if not os.path.exists(meta_path):
+        raise SouffleError(f"{meta_path} not found: a library made by `souffle-tvm compile -o` has its weights beside it")
+    meta = np.load(meta_path)
+    target = str(meta["__target__"])
+    if not target.startswith("llvm"):
+        raise SouffleError(f"{path} was built for {target}; only llvm libraries run on this CPU "
+                           "(rebuild with --target llvm)")
+    from .frontend import TensorInfo
+
+    inputs = []
+    for row in meta["__inputs__"]:
+        name, dims, dtype = str(row).split("|")
+        inputs.append(TensorInfo(name, tuple(int(d) for d in dims.split("x") if d), dtype))
+    params = [meta[k] for k in sorted(k for k in meta.files if k.startswith("param_"))]
+    return tvm.runtime.load_module(path), params, inputs, [str(o) for o in meta["__outputs__"]]
+
+
+def cmd_run(args) -> int:
+    from . import runner
+
+    feeds = dict(np.load(args.inputs)) if args.inputs else None
+    if args.model.endswith(".so"):
+        if args.check:
+            raise SouffleError("--check needs the ONNX model: run it on the .onnx file or the zoo name")
+        executable, params, inputs, output_names = _load_library(args.model)
+        model = None
+    else:
+        from .api import compile as compile_model
+
+        shapes = _parse_shapes(args.input_shapes)
+        if feeds is not None and shapes is None:
+            shapes = None  # static models: the arrays are checked against the model below
+        compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
+                                 shapes=shapes)
+        executable, params = compiled.executable, compiled.model.params
+        inputs, output_names, model = compiled.model.inputs, compiled.model.outputs, compiled.model.onnx_model
+    feeds = feeds if feeds is not None else runner.random_inputs(inputs, args.seed)
+    ordered = runner.check_feeds(inputs, feeds)
+    t = time.perf_counter()
+    outs = runner.run_vm(executable, params, ordered)
+    print(f"ran on llvm in {time.perf_counter() - t:.3f} s")
+    for name, o in zip(output_names, outs):
+        print(f"  {name}: shape {tuple(o.shape)} {o.dtype} mean {float(np.mean(o)):.6g}")
+    if args.outputs:
+        np.savez(args.outputs, **dict(zip(output_names, outs)))
+        print(f"outputs: {args.outputs}")
+    if not args.check:
+        return EXIT_OK
+    ref_name, ref = runner.reference_outputs(model, {i.name: a for i, a in zip(inputs, ordered)})
+    tol = args.tolerance or runner.default_tolerance(inputs[0].dtype if inputs else "float32")
+    ok = True
+    for c in runner.compare(output_names, outs, ref):
+        status = "ok" if c.ok(tol) else "MISMATCH"
+        ok &= c.ok(tol)
+        print(f"  check {c.name} vs {ref_name}: rel L2 {c.rel_l2:.3e}  max |diff| {c.max_abs:.3e}  {status}")
+    return EXIT_OK if ok else EXIT_MISMATCH
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo}
+    try:
+        return handlers[args.command](args)
+    except SouffleError as err:
+        print(f"souffle-tvm: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

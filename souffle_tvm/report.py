@@ -1,0 +1,113 @@
+"""The Report: what a compiled model costs, per kernel and per inference.
+
+JSON schema (``schema_version`` 1; other issues add fields, none are renamed):
+
+=================  ==========================================================================
+model              model name (file stem or zoo name)
+target, arch       ``cuda`` / ``llvm``; ``sm_90`` etc. (null on llvm)
+fusion             ``tvm`` or ``souffle``
+launches           kernel launches per inference (on llvm: PrimFunc calls)
+distinct_kernels   distinct ``__global__`` functions (on llvm: distinct PrimFuncs)
+compile_seconds    wall time of the build (import excluded; nvcc excluded, see ``nvcc``)
+bytes, flops       per inference: Σ launches × kernel bytes / flops
+nvcc               {available, seconds, note}: whether resource figures come from ptxas
+kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
+                   (static from ptxas + dynamic from TIR), spill_bytes, launches (per
+                   inference), bytes (compulsory global traffic of one launch: the sizes of the
+                   global buffers it touches), flops (useful float ops of one launch, counted on
+                   the unscheduled TIR, padding excluded)
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class KernelReport:
+    name: str
+    primfunc: str
+    grid: list[int] | None
+    block: list[int] | None
+    registers: int | None
+    shared_bytes: int | None
+    spill_bytes: int | None
+    launches: int
+    bytes: int
+    flops: int
+
+
+@dataclass
+class Report:
+    model: str
+    target: str
+    arch: str | None
+    fusion: str
+    launches: int
+    distinct_kernels: int
+    compile_seconds: float
+    bytes: int
+    flops: int
+    nvcc: dict
+    kernels: list[KernelReport] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "Report":
+        with open(path) as f:
+            data = json.load(f)
+        data["kernels"] = [KernelReport(**k) for k in data.get("kernels", [])]
+        return cls(**data)
+
+    def table(self, max_rows: int = 40) -> str:
+        """A readable summary: totals, then the kernels by launches × bytes."""
+        arch = f" ({self.arch})" if self.arch else ""
+        lines = [
+            f"model {self.model}  target {self.target}{arch}  fusion {self.fusion}",
+            f"launches/inference {self.launches}   distinct kernels {self.distinct_kernels}   "
+            f"compile {self.compile_seconds:.2f} s",
+            f"traffic {_si(self.bytes)}B   work {_si(self.flops)}FLOP   "
+            f"resources: {'ptxas' if self.nvcc.get('available') else 'none (' + self.nvcc.get('note', '') + ')'}",
+            "",
+            f"{'kernel':<44} {'calls':>5} {'grid':>13} {'block':>11} {'regs':>4} {'smem':>7} {'spill':>5} "
+            f"{'bytes':>8} {'flops':>8}",
+        ]
+        ranked = sorted(self.kernels, key=lambda k: -k.launches * max(k.bytes, 1))
+        for k in ranked[:max_rows]:
+            name = k.name if len(k.name) <= 44 else k.name[:41] + "..."
+            lines.append(
+                f"{name:<44} {k.launches:>5} {_dims(k.grid):>13} {_dims(k.block):>11} {_opt(k.registers):>4} "
+                f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {_si(k.bytes):>8} {_si(k.flops):>8}")
+        if len(ranked) > max_rows:
+            lines.append(f"... {len(ranked) - max_rows} more kernels (see the JSON report)")
+        return "\n".join(lines)
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _opt(x) -> str:
+    return "-" if x is None else str(x)
+
+
+def _dims(d) -> str:
+    if d is None:
+        return "-"
+    while len(d) > 1 and d[-1] == 1:
+        d = d[:-1]
+    return "x".join(str(v) for v in d)
