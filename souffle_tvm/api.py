@@ -61,6 +61,12 @@ def _kernel_flops(kernels: list[build_tvm.DeviceKernel], flops: dict[str, int]) 
     return out
 
 
+def _kernel_bytes(kernel: build_tvm.DeviceKernel, footprint: dict[str, int]) -> int:
+    """Compulsory traffic of one launch: each global buffer's accessed footprint (whole size
+    where the unscheduled TIR has no region for it, e.g. scheduler-made temporaries)."""
+    return sum(min(footprint.get(name, size), size) for name, size in kernel.global_buffers.items())
+
+
 def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | None, use_nvcc: bool) -> Report:
     arch = str(target.attrs["arch"])
     nvcc_note, res, t_nvcc = "", None, 0.0
@@ -83,7 +89,7 @@ def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | No
             kernels.append(KernelReport(
                 k.name, pf, k.grid, k.block, r.registers if r else None,
                 (r.shared_bytes if r else 0) + k.dyn_shared_bytes if (r or not res) else None,
-                r.spill_bytes if r else None, calls, sum(k.global_buffers.values()), fl))
+                r.spill_bytes if r else None, calls, _kernel_bytes(k, result.footprints.get(pf, {})), fl))
     distinct = len({k.name for k in result.kernels})
     return _totals(name, describe(target).split()[0], arch, kernels, distinct, result.seconds,
                    {"available": res is not None, "seconds": round(t_nvcc, 3), "note": nvcc_note})
@@ -92,7 +98,8 @@ def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | No
 def _cpu_report(name: str, result: build_tvm.BuildResult) -> Report:
     funcs = {gv.name_hint: f for gv, f in result.fused.functions.items() if isinstance(f, tirx.PrimFunc)}
     kernels = [KernelReport(pf, pf, None, None, None, None, None, calls,
-                            tir_stats.primfunc_param_bytes(funcs[pf]), sum(result.flops.get(pf, {}).values()))
+                            sum(result.footprints.get(pf, {}).values()) or tir_stats.primfunc_param_bytes(funcs[pf]),
+                            sum(result.flops.get(pf, {}).values()))
                for pf, calls in result.calls.items()]
     return _totals(name, "llvm", None, kernels, len(kernels), result.seconds,
                    {"available": False, "seconds": 0.0, "note": "CPU target"})

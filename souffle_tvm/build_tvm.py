@@ -41,6 +41,7 @@ class BuildResult:
     kernels: list[DeviceKernel]
     calls: dict[str, int]                 # PrimFunc name -> calls per inference from main
     flops: dict[str, dict[str, int]]      # PrimFunc name -> {written buffer: flops}
+    footprints: dict[str, dict[str, int]]  # PrimFunc name -> {param buffer: bytes touched}
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -140,15 +141,17 @@ def primfunc_calls(mod: tvm.IRModule) -> dict[str, int]:
     return calls
 
 
-def unscheduled_flops(mod: tvm.IRModule, target: tvm.target.Target) -> dict[str, dict[str, int]]:
-    """Useful flops per PrimFunc, read before any GPU schedule (padding not counted)."""
+def unscheduled_stats(mod: tvm.IRModule, target: tvm.target.Target):
+    """Per PrimFunc: useful flops and buffer footprints, read before any GPU schedule
+    (so tile padding is not counted)."""
     p = _backend(target)
     legal = [x for x in p.legalize_passes(target) if "ApplyDefaultSchedule" not in type(x).__name__
              and "dlight" not in str(type(x))]
     with target:
         unsched = tvm.transform.Sequential(p.library_dispatch_passes(target) + legal)(mod)
-    return {gv.name_hint: tir_stats.block_flops(f) for gv, f in unsched.functions.items()
-            if isinstance(f, tirx.PrimFunc)}
+    funcs = {gv.name_hint: f for gv, f in unsched.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return ({n: tir_stats.block_flops(f) for n, f in funcs.items()},
+            {n: tir_stats.block_footprints(f) for n, f in funcs.items()})
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> BuildResult:
@@ -160,6 +163,6 @@ def build(mod: tvm.IRModule, target: tvm.target.Target) -> BuildResult:
         ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline="souffle_tvm.recorded")
     t2 = time.perf_counter()
     calls = primfunc_calls(fused)
-    flops = unscheduled_flops(mod, target)
-    return BuildResult(ex, fused, list(kernels), calls, flops, t2 - t0,
+    flops, footprints = unscheduled_stats(mod, target)
+    return BuildResult(ex, fused, list(kernels), calls, flops, footprints, t2 - t0,
                        {"fuse": t1 - t0, "codegen": t2 - t1, "inventory": time.perf_counter() - t2})

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
@@ -108,11 +109,11 @@ class _Recurrence:
         if seq_lens is None:
             return
         value = _onnx.get_constant(seq_lens, self.params)
-        if not isinstance(value, relax.Expr) or not hasattr(value, "data"):
+        if not isinstance(value, tvm.ir.GenericConst):
             raise UnsupportedOperatorError(
                 f"{self.op_name} with a run-time sequence_lens input is not supported; "
                 "all sequences must have the static length of X")
-        lens = value.data.numpy()
+        lens = value.value.numpy()
         if not np.all(lens == self.seq):
             raise UnsupportedOperatorError(
                 f"{self.op_name} sequence_lens {lens.tolist()} differ from the sequence length "
@@ -127,16 +128,23 @@ class _Recurrence:
     def initial_state(self, tensor, d: int) -> relax.Expr:
         if tensor is None:
             return self.emit(R.zeros((self.batch, self.hidden), self.dtype))
+        if self.layout == 1:  # [batch, dirs, H] -> [dirs, batch, H]
+            tensor = self.emit(R.permute_dims(tensor, [1, 0, 2]))
         return self.per_direction(tensor, d)
 
     def time_steps(self, projected: relax.Expr) -> list[relax.Expr]:
-        """Split [seq, batch, G] into seq tensors [batch, G] with one split op."""
-        parts = self.emit(R.split(projected, self.seq, axis=0)) if self.seq > 1 else None
-        steps = []
-        for t in range(self.seq):
-            item = relax.TupleGetItem(parts, t) if parts is not None else projected
-            steps.append(self.emit(R.reshape(item, (self.batch, projected.ty.shape[2]))))
-        return steps
+        """Step t's slice [batch, G] of [seq, batch, G], as ``take`` with a constant index.
+
+        Every step is then the same PrimFunc with a different index argument (a ``split``
+        would lower to one kernel per output, a ``strided_slice`` to one PrimFunc per step),
+        and FuseOps folds the take into the step's matmul + add.
+        """
+        return [self.emit(R.take(projected, relax.const(t, "int64"), axis=0, mode="clip")) for t in range(self.seq)]
+
+    def split_gates(self, gates: relax.Expr, n: int) -> list[relax.Expr]:
+        """The n gate blocks of [batch, n*H] as slices (injective: they fuse into their consumers)."""
+        h = self.hidden
+        return [R.strided_slice(gates, axes=[1], begin=[k * h], end=[(k + 1) * h]) for k in range(n)]
 
     def maybe_clip(self, x: relax.Expr) -> relax.Expr:
         """ONNX ``clip``: bound a gate's pre-activation (peephole term included)."""
@@ -191,8 +199,7 @@ class LSTM(_onnx.OnnxOpConverter):
             hs = [None] * rec.seq
             for t in order:
                 gates = rec.emit(R.add(R.matmul(h, r_t), xs[t]))
-                parts = rec.emit(R.split(gates, 4, axis=1))
-                gi, go, gf, gc = (relax.TupleGetItem(parts, k) for k in range(4))
+                gi, go, gf, gc = rec.split_gates(gates, 4)
                 if p_d is not None:
                     gi = R.add(gi, R.multiply(p_i, c))
                     gf = R.add(gf, R.multiply(p_f, c))

@@ -112,3 +112,59 @@ def launch_extents(kernel: tirx.PrimFunc) -> tuple[list[int], list[int]]:
 def primfunc_param_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of a PrimFunc's buffer parameters: what one call reads and writes at least once."""
     return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape"))
+
+
+def _uses_load(expr) -> bool:
+    found = False
+
+    def hit(_):
+        nonlocal found
+        found = True
+
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, hit))
+    return found
+
+
+def _vars_in(expr) -> set:
+    seen = set()
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: seen.add(v)))
+    return seen
+
+
+def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
+    """{param buffer name: bytes} a PrimFunc touches, from its blocks' access regions.
+
+    Each region is bounded as a box over the block's iteration domain. A dimension indexed by
+    loaded data (take, gather) counts as many rows as the iteration variables feeding it can
+    select, not the whole dimension: a ``take`` of one row touches one row.
+    """
+    params = {p.name: p for p in func.params if hasattr(p.ty, "shape")}
+    sizes: dict[str, int] = {}
+
+    def visit(blk):
+        ana = tvm.sym.Analyzer()
+        extents = {}
+        for iv in blk.iter_vars:
+            ana.bind(iv.var, iv.dom)
+            extents[iv.var] = _extent(iv)
+        for region in list(blk.reads) + list(blk.writes):
+            name = region.source.name
+            if name not in params:
+                continue
+            shape = [int(d.value) for d in params[name].ty.shape]
+            elems = 1
+            for dim, rng in zip(shape, region.region):
+                ext = int(rng.extent.value) if hasattr(rng.extent, "value") else dim
+                if _uses_load(rng.min):
+                    rows = math.prod(extents.get(v, 1) for v in _vars_in(rng.min))
+                    elems *= min(dim, rows * ext)
+                    continue
+                b = ana.const_int_bound(rng.min)
+                lo, hi = max(int(b.min_value), 0), min(int(b.max_value) + ext - 1, dim - 1)
+                elems *= max(hi - lo + 1, 0) if hi >= lo else dim
+            # Several blocks touching one buffer: keep the largest box (an upper bound on the union).
+            sizes[name] = max(sizes.get(name, 0), min(elems, math.prod(shape)))
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
+    return {n: e * (buffer_bytes(params[n]) // max(math.prod(int(d.value) for d in params[n].ty.shape), 1))
+            for n, e in sizes.items()}

@@ -1,0 +1,37 @@
+import shutil
+
+import numpy as np
+import pytest
+
+from souffle_tvm import runner, zoo
+from souffle_tvm.api import compile as compile_model
+
+ZOO = zoo.names()
+
+
+@pytest.fixture(scope="session")
+def llvm_builds():
+    """Small zoo models built once per session for llvm: {(name, dtype): Compiled}."""
+    cache = {}
+
+    def get(name: str, dtype: str = "float32"):
+        if (name, dtype) not in cache:
+            cache[(name, dtype)] = compile_model(name, "llvm", "tvm", small=True, dtype=dtype)
+        return cache[(name, dtype)]
+
+    return get
+
+
+def run_and_compare(compiled, seed: int = 0):
+    feeds = runner.random_inputs(compiled.model.inputs, seed)
+    outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
+    _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
+    return runner.compare(compiled.model.outputs, outs, ref)
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
