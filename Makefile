@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all bench lint gpu-check clean
+.PHONY: install test test-all bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ test-all: $(PY)
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
 bench: $(PY)
-	$(PY) python/bench_launches.py
+	$(PY) python/bench_tvm_baseline.py
 
 lint: $(PY)
 	$(PY) -m pyflakes souffle_tvm tests python 2>/dev/null || $(PY) -m compileall -q souffle_tvm tests python

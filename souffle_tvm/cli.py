@@ -173,11 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo}
     try:
         return handlers[args.command](args)
-    except SouffleError as err:
+    except (SouffleError, OSError, ValueError, KeyError) as err:
+        # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
         print(f"souffle-tvm: error: {err}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         return 130
+    except Exception:  # noqa: BLE001 - anything else is our bug; keep the traceback for the report
+        import traceback
+
+        traceback.print_exc()
+        print("souffle-tvm: internal error (a bug: please report it with the traceback above)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
