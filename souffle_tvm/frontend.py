@@ -129,6 +129,27 @@ def check_operators(model: onnx.ModelProto) -> None:
         raise UnsupportedOperatorError(f"unsupported ONNX operator(s): {listed}")
 
 
+def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed.
+
+    They are not weights: exporters use them for Gather indices and shape arithmetic, which
+    should fold at compile time rather than run as kernels.
+    """
+    func = mod["main"]
+    num_input = int(func.attrs["num_input"])
+    values = params.get("main", [])
+    keep, bind = [], {}
+    for p, v in zip(func.params[num_input:], values):
+        if str(v.dtype).startswith(("int", "uint", "bool")):
+            bind[p] = relax.const(v.numpy(), str(v.dtype))
+        else:
+            keep.append(v.numpy())
+    if bind:
+        mod = relax.transform.BindParams("main", bind)(mod)
+        mod = relax.transform.FoldConstant()(mod)
+    return mod, keep
+
+
 def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
                 dtype: str = "float32") -> ImportedModel:
     """Load, validate and import an ONNX model into Relax with its weights detached."""
@@ -148,7 +169,6 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     except Exception as err:  # TVM raises many types; name the failure, keep the cause chained
         raise UnsupportedOperatorError(f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
                                        f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from err
-    mod, params = relax.frontend.detach_params(mod)
-    weights = [p.numpy() for p in params.get("main", [])]
+    mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
     outputs = [o.name for o in model.graph.output]
     return ImportedModel(name, mod, weights, inputs, outputs, model)
