@@ -1,0 +1,77 @@
+"""Rewriting TE stages: substitute axis variables and tensor loads, then rebuild the compute.
+
+This is how index maps are *composed*: inlining a one-to-one producer P into a consumer C
+replaces each load ``P[f(i)]`` in C by P's body with P's axes bound to ``f(i)``, and the
+composed index expressions are simplified over C's iteration domain.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+LoadFn = Callable[[te.Tensor, list], "tvm.ir.PrimExpr | None"]
+
+
+def is_load(node) -> bool:
+    return isinstance(node, tvm.ir.Call) and getattr(node.op, "name", "") == "te.tensor_load"
+
+
+def loads(expr) -> list[tuple[te.Tensor, list]]:
+    """Every (tensor, indices) load in an expression, in visit order."""
+    found = []
+
+    def visit(c):
+        if is_load(c):
+            found.append((c.args[0], list(c.args[1:])))
+
+    tvm_ffi.structural_walk(expr, (tvm.ir.Call, visit))
+    return found
+
+
+def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sym.Analyzer | None = None):
+    """Replace variables by ``vmap`` and loads by ``load_fn(tensor, indices)`` (None keeps the load)."""
+
+    def on_var(v):
+        return vmap.get(v, v)
+
+    def on_call(c):
+        if not is_load(c):
+            return c
+        tensor, idx = c.args[0], list(c.args[1:])
+        if analyzer is not None:
+            idx = [analyzer.simplify(i) for i in idx]
+        new = load_fn(tensor, idx) if load_fn is not None else None
+        if new is not None:
+            return new
+        return tensor(*idx) if analyzer is not None else c
+
+    return tvm_ffi.structural_map(expr, [(tirx.Var, on_var), (tvm.ir.Call, on_call)])
+
+
+def body_at(op: te.ComputeOp, value_index: int, indices: list, load_fn: LoadFn | None = None,
+            analyzer: tvm.sym.Analyzer | None = None):
+    """The expression ``op`` computes for output ``value_index`` at ``indices`` (inlining it)."""
+    vmap = {ax.var: i for ax, i in zip(op.axis, indices)}
+    return substitute(op.body[value_index], vmap, load_fn, analyzer)
+
+
+def rebuild(op: te.ComputeOp, load_fn: LoadFn, name: str | None = None) -> list[te.Tensor]:
+    """A new compute with the same iteration space whose loads go through ``load_fn``."""
+    shape = [ax.dom.extent for ax in op.axis]
+
+    def fcompute(*idx):
+        ana = tvm.sym.Analyzer()
+        for v, ax in zip(idx, op.axis):
+            ana.bind(v, tvm.ir.Range(0, ax.dom.extent))
+        for rv in op.reduce_axis:
+            ana.bind(rv.var, rv.dom)
+        vmap = {ax.var: v for ax, v in zip(op.axis, idx)}
+        bodies = [substitute(b, vmap, load_fn, ana) for b in op.body]
+        return bodies if len(bodies) > 1 else bodies[0]
+
+    out = te.compute(shape, fcompute, name=name or op.name, tag=op.tag, attrs=op.attrs)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
