@@ -92,7 +92,7 @@ class _Capture:
         if isinstance(a, tvm.ir.GenericConst):
             if a not in self.env:
                 value = a.value.numpy()
-                t = te.placeholder([int(x) for x in a.ty.shape], a.ty.dtype, name=f"const{len(self.constants)}")
+                t = te.placeholder(_i64(int(x) for x in a.ty.shape), a.ty.dtype, name=f"const{len(self.constants)}")
                 self.env[a] = t
                 self.constants[t] = value
             return self.env[a]
@@ -130,6 +130,11 @@ def _is_te_result(value) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, te.Tensor) for v in value)
 
 
+def _i64(dims) -> list:
+    """Shapes as int64, as Relax's legalization makes them: TE index arithmetic stays one dtype."""
+    return [tvm.tirx.IntImm("int64", int(d)) for d in dims]
+
+
 def _static_shape(ty) -> list[int] | None:
     shape = getattr(ty, "shape", None)
     dims = getattr(shape, "values", None)
@@ -145,7 +150,7 @@ def _placeholders_for(name: str, ty) -> list[te.Tensor]:
         shape = _static_shape(f)
         if shape is None:
             raise LoweringError(f"binding {name!r}: result {i} is not a tensor of static shape ({f})")
-        out.append(te.placeholder(shape, f.dtype, name=f"{name}_out{i}"))
+        out.append(te.placeholder(_i64(shape), f.dtype, name=f"{name}_out{i}"))
     return out
 
 
@@ -159,7 +164,7 @@ def lower(mod: tvm.IRModule, func_name: str = "main") -> TEProgram:
         shape = _static_shape(p.ty)
         if shape is None:
             raise LoweringError(f"parameter {p.name!r} has no static shape")
-        t = te.placeholder(shape, p.ty.dtype, name=p.name)
+        t = te.placeholder(_i64(shape), p.ty.dtype, name=p.name)
         capture.env[p] = t
         placeholders.append(t)
     prog = TEProgram(placeholders[:num_input], placeholders[num_input:], [])

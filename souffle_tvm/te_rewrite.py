@@ -32,6 +32,22 @@ def loads(expr) -> list[tuple[te.Tensor, list]]:
     return found
 
 
+def _dtype(e) -> str:
+    return str(e.ty) if hasattr(e, "ty") else str(e.dtype)
+
+
+def unify_index_dtypes(idx: list) -> list:
+    """One dtype per buffer access (TIR requires it): widen to int64 when mixed."""
+    kinds = {_dtype(i) for i in idx}
+    if len(kinds) <= 1:
+        return idx
+    return [i if _dtype(i) == "int64" else tirx.Cast("int64", i) for i in idx]
+
+
+def _cast_to(value, like):
+    return value if _dtype(value) == _dtype(like) else tirx.Cast(_dtype(like), value)
+
+
 def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sym.Analyzer | None = None):
     """Replace variables by ``vmap`` and loads by ``load_fn(tensor, indices)`` (None keeps the load)."""
 
@@ -43,7 +59,7 @@ def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sy
             return c
         tensor, idx = c.args[0], list(c.args[1:])
         if analyzer is not None:
-            idx = [analyzer.simplify(i) for i in idx]
+            idx = unify_index_dtypes([analyzer.simplify(i) for i in idx])
         new = load_fn(tensor, idx) if load_fn is not None else None
         if new is not None:
             return new
@@ -55,7 +71,7 @@ def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sy
 def body_at(op: te.ComputeOp, value_index: int, indices: list, load_fn: LoadFn | None = None,
             analyzer: tvm.sym.Analyzer | None = None):
     """The expression ``op`` computes for output ``value_index`` at ``indices`` (inlining it)."""
-    vmap = {ax.var: i for ax, i in zip(op.axis, indices)}
+    vmap = {ax.var: _cast_to(i, ax.var) for ax, i in zip(op.axis, indices)}
     return substitute(op.body[value_index], vmap, load_fn, analyzer)
 
 
@@ -69,8 +85,10 @@ def rebuild(op: te.ComputeOp, load_fn: LoadFn, name: str | None = None) -> list[
             ana.bind(v, tvm.ir.Range(0, ax.dom.extent))
         for rv in op.reduce_axis:
             ana.bind(rv.var, rv.dom)
-        vmap = {ax.var: v for ax, v in zip(op.axis, idx)}
-        bodies = [substitute(b, vmap, load_fn, ana) for b in op.body]
+        vmap = {ax.var: _cast_to(v, ax.var) for ax, v in zip(op.axis, idx)}
+        bodies = [substitute(b, vmap, load_fn) for b in op.body]
+        # Composed loads come back unsimplified; simplify every index over this domain once.
+        bodies = [substitute(b, {}, None, ana) for b in bodies]
         return bodies if len(bodies) > 1 else bodies[0]
 
     out = te.compute(shape, fcompute, name=name or op.name, tag=op.tag, attrs=op.attrs)

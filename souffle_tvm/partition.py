@@ -1,0 +1,123 @@
+"""The partitioner: where kernel boundaries go, each with a named reason.
+
+This module is the ONE place that decides boundaries. The current policy is the paper's V2
+ablation level (vertical fusion, no grid synchronisation): one kernel per *anchor* with what
+can run in the same thread blocks without a grid-wide barrier:
+
+* a reduction (GEMM, conv, sum, max) anchors a group;
+* a following reduction joins when it reduces the same rows the group already holds
+  (same spatial domain and reduce extent, reading group members element-for-element along
+  the summed axis: softmax's max → sum, LayerNorm's mean → variance);
+* a one-to-one stage joins as an epilogue when every non-weight input comes from the group;
+* anything else starts a new group, and the reason is recorded.
+
+The resource- and co-residency-driven partitioner (stitched kernels with grid.sync) replaces
+the joining rules; the Boundary records stay the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tvm import te
+
+from . import analysis, te_rewrite
+from .te_program import OpaqueStage, TEProgram
+
+
+@dataclass
+class Group:
+    """One future kernel (or an opaque op): its member stages in topological order."""
+
+    members: list[te.Tensor] = field(default_factory=list)
+    opaque: OpaqueStage | None = None
+    reason: str = ""           # why this group starts here (the boundary before it)
+
+    @property
+    def anchor(self) -> te.Tensor | None:
+        return next((m for m in self.members if analysis.classify(m.op)[0] == analysis.REDUCTION), None)
+
+    @property
+    def name(self) -> str:
+        if self.opaque is not None:
+            return self.opaque.name
+        a = self.anchor
+        return (a if a is not None else self.members[0]).op.name
+
+
+@dataclass
+class Partition:
+    groups: list[Group]
+
+    def boundaries(self) -> list[tuple[str, str]]:
+        return [(g.name, g.reason) for g in self.groups]
+
+
+def _spatial(op: te.ComputeOp) -> list[int]:
+    return [int(ax.dom.extent) for ax in op.axis]
+
+
+def _reduce_extent(op: te.ComputeOp) -> int:
+    return math.prod(int(rv.dom.extent) for rv in op.reduce_axis)
+
+
+def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
+    """A reduction that re-reduces the rows its group already produced."""
+    anchor = group.anchor
+    if anchor is None or _spatial(op) != _spatial(anchor.op) or _reduce_extent(op) != _reduce_extent(anchor.op):
+        return False
+    for prod, idx in te_rewrite.loads(op.body[0]):
+        if prod.op in members:
+            pattern, reuse, _ = analysis.access_pattern(op, prod, idx)
+            if pattern == "reduce-read" and reuse > 1:
+                return False
+    return True
+
+
+def partition_v2(prog: TEProgram) -> Partition:
+    """Group the (transformed) program's stages into kernels by the V2 rules above."""
+    placeholders = {t.op for t in prog.placeholders()}
+    opaque_of = {out.op: o for o in prog.opaque for out in o.outputs}
+    groups: list[Group] = []
+    member_group: dict = {}
+    emitted_opaque = set()
+
+    def producers(op) -> set:
+        return {x.op for x in op.input_tensors if x.op not in placeholders}
+
+    for t in prog.stages():
+        op = t.op
+        for p in {x.op for x in op.input_tensors}:   # opaque results this stage needs come first
+            o = opaque_of.get(p)
+            if o is not None and o.name not in emitted_opaque:
+                emitted_opaque.add(o.name)
+                groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+        current = groups[-1] if groups and groups[-1].opaque is None else None
+        members = {m.op for m in current.members} if current else set()
+        kind = analysis.classify(op)[0]
+        prods = producers(op)
+        if current is None:
+            reason = "start" if not groups else "after an opaque op"
+        # Producers outside ``members`` belong to earlier kernels, whose results are complete in
+        # global memory before this kernel starts; only reads of ``members`` must stay block-local.
+        elif kind == analysis.REDUCTION:
+            if prods & members and _joins_rows(op, current, members):
+                current.members.append(t)
+                member_group[op] = current
+                continue
+            reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
+                      if prods & members else "reduction of data produced by earlier kernels")
+        else:
+            if prods & members:
+                current.members.append(t)
+                member_group[op] = current
+                continue
+            reason = "one-to-one stage reads no data of the previous kernel"
+        g = Group([t], reason=reason)
+        groups.append(g)
+        member_group[op] = g
+    for o in prog.opaque:
+        if o.name not in emitted_opaque:
+            groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+    return Partition(groups)
