@@ -12,7 +12,7 @@ import tvm
 from tvm import relax, te
 
 from . import te_rewrite
-from .partition import Group, Partition
+from .partition import Group, Partition, group_outputs
 from .te_program import TEProgram
 
 K_OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
@@ -47,17 +47,13 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
     return func, externals
 
 
-def emit_module(prog: TEProgram, part: Partition, params: list[relax.Var], num_input: int) -> tvm.IRModule:
-    """``main(params...)`` calling one PrimFunc per group, in the partition's order."""
-    program_outputs = {(t.op, t.value_index) for t in prog.outputs}
-    used_outside: dict = {}
-    for g in part.groups:
-        own = {m.op for m in g.members}
-        reads = ([x for m in g.members for x in m.op.input_tensors] if g.opaque is None
-                 else list(g.opaque.inputs.values()))
-        for x in reads:
-            if x.op not in own:
-                used_outside[(x.op, x.value_index)] = True
+def emit_module(prog: TEProgram, part: Partition, params: list[relax.Var], num_input: int,
+                schedule=None) -> tvm.IRModule:
+    """``main(params...)`` calling one PrimFunc per group, in the partition's order.
+
+    ``schedule(func) -> func`` schedules each group PrimFunc (identity when None).
+    """
+    outputs_of = group_outputs(prog, part.groups)
 
     bb = relax.BlockBuilder()
     with bb.function("main", params, attrs={"num_input": num_input}):
@@ -71,9 +67,10 @@ def emit_module(prog: TEProgram, part: Partition, params: list[relax.Var], num_i
                 if g.opaque is not None:
                     _emit_opaque(bb, g, env)
                     continue
-                outs = [m for m in g.members if (m.op, m.value_index) in used_outside
-                        or (m.op, m.value_index) in program_outputs]
+                outs = outputs_of[id(g)]
                 func, externals = group_primfunc(g, outs)
+                if schedule is not None:
+                    func = schedule(func)
                 gv = bb.add_func(func, f"souffle_{g.name}")
                 args = [env[(x.op, x.value_index)] for x in externals]
                 sinfo = [relax.TensorType([int(d) for d in o.shape], str(o.dtype)) for o in outs]

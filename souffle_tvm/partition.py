@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tvm import te
 
@@ -75,8 +76,50 @@ def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
     return True
 
 
-def partition_v2(prog: TEProgram) -> Partition:
-    """Group the (transformed) program's stages into kernels by the V2 rules above."""
+def group_outputs(prog: TEProgram, groups: list[Group]) -> dict[int, list[te.Tensor]]:
+    """Per group (by id): its members read by another group, an opaque op or the program."""
+    wanted = {(t.op, t.value_index) for t in prog.outputs}
+    owner = {m.op: id(g) for g in groups for m in g.members}
+    for g in groups:
+        reads = ([x for m in g.members for x in m.op.input_tensors] if g.opaque is None
+                 else list(g.opaque.inputs.values()))
+        for x in reads:
+            if owner.get(x.op) != id(g):
+                wanted.add((x.op, x.value_index))
+    return {id(g): [m for m in g.members if (m.op, m.value_index) in wanted] for g in groups}
+
+
+Fits = Callable[[Group, list[te.Tensor]], "str | None"]
+
+
+def _split_until_fits(prog: TEProgram, groups: list[Group], fits: Fits) -> list[Group]:
+    """Schedule feedback: a group no schedule can build as one kernel is split, with the reason."""
+    out: list[Group] = []
+    pending = list(groups)
+    while pending:
+        g = pending.pop(0)
+        if g.opaque is not None:
+            out.append(g)
+            continue
+        outputs = group_outputs(prog, out + [g] + pending)[id(g)]
+        err = fits(g, outputs)
+        if err is None or len(g.members) == 1:
+            if err is not None:
+                g.reason += f"; cannot be scheduled: {err}"
+            out.append(g)
+            continue
+        head, tail = Group(g.members[:-1], reason=g.reason), Group(g.members[-1:])
+        tail.reason = f"schedule: fusing {tail.members[0].op.name} into {g.name}: {err}"
+        pending[:0] = [head, tail]
+    return out
+
+
+def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
+    """Group the (transformed) program's stages into kernels by the V2 rules above.
+
+    ``fits(group, outputs)`` returns None when the group can be built as one kernel, or the
+    reason it cannot; such groups are split (schedule feedback).
+    """
     placeholders = {t.op for t in prog.placeholders()}
     opaque_of = {out.op: o for o in prog.opaque for out in o.outputs}
     groups: list[Group] = []
@@ -120,4 +163,6 @@ def partition_v2(prog: TEProgram) -> Partition:
     for o in prog.opaque:
         if o.name not in emitted_opaque:
             groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+    if fits is not None:
+        groups = _split_until_fits(prog, groups, fits)
     return Partition(groups)

@@ -49,23 +49,35 @@ def _cast_to(value, like):
 
 
 def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sym.Analyzer | None = None):
-    """Replace variables by ``vmap`` and loads by ``load_fn(tensor, indices)`` (None keeps the load)."""
+    """Replace variables by ``vmap`` and loads by ``load_fn(tensor, indices)`` (None keeps the load).
 
-    def on_var(v):
-        return vmap.get(v, v)
-
-    def on_call(c):
-        if not is_load(c):
-            return c
-        tensor, idx = c.args[0], list(c.args[1:])
+    ``load_fn`` may itself call ``substitute`` (inlining chains): no structural_map is ever
+    entered from inside another one's callback, which the FFI does not support.
+    """
+    if vmap:
+        expr = tvm_ffi.structural_map(expr, (tirx.Var, lambda v: vmap.get(v, v)))
+    if load_fn is None and analyzer is None:
+        return expr
+    calls = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.Call, lambda c: calls.append(c) if is_load(c) else None))
+    if not calls:
+        return expr
+    replacement: dict[int, list] = {}
+    for c in calls:
+        tensor = c.args[0]
+        idx = [substitute(i, {}, load_fn, analyzer) for i in c.args[1:]]   # gathers: loads in indices
         if analyzer is not None:
             idx = unify_index_dtypes([analyzer.simplify(i) for i in idx])
         new = load_fn(tensor, idx) if load_fn is not None else None
-        if new is not None:
-            return new
-        return tensor(*idx) if analyzer is not None else c
+        replacement.setdefault(hash(c), []).append((c, new if new is not None else tensor(*idx)))
 
-    return tvm_ffi.structural_map(expr, [(tirx.Var, on_var), (tvm.ir.Call, on_call)])
+    def swap(c):
+        for orig, new in replacement.get(hash(c), ()):
+            if orig.same_as(c):
+                return new
+        return c
+
+    return tvm_ffi.structural_map(expr, (tvm.ir.Call, swap), order="pre")
 
 
 def body_at(op: te.ComputeOp, value_index: int, indices: list, load_fn: LoadFn | None = None,
@@ -81,8 +93,11 @@ def rebuild(op: te.ComputeOp, load_fn: LoadFn, name: str | None = None) -> list[
 
     def fcompute(*idx):
         ana = tvm.sym.Analyzer()
+        # Unit axes are left unbound: simplified to 0 they would make an epilogue's load
+        # non-trivial (``out[0, i]`` instead of ``out[v0, i]``), which dlight cannot inline.
         for v, ax in zip(idx, op.axis):
-            ana.bind(v, tvm.ir.Range(0, ax.dom.extent))
+            if not (hasattr(ax.dom.extent, "value") and ax.dom.extent.value == 1):
+                ana.bind(v, tvm.ir.Range(0, ax.dom.extent))
         for rv in op.reduce_axis:
             ana.bind(rv.var, rv.dom)
         vmap = {ax.var: _cast_to(v, ax.var) for ax, v in zip(op.axis, idx)}

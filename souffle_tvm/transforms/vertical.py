@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tvm import te
+from tvm import te, tirx
 
 from .. import analysis, te_rewrite, tir_stats
 from ..te_program import TEProgram
@@ -36,31 +36,60 @@ def _consumers(prog: TEProgram, stages: list[te.Tensor]) -> dict:
     return users
 
 
-def _decide(t: te.Tensor, users: list, pinned: dict, flops_per_elem: int) -> str | None:
+def _is_index_map(op) -> bool:
+    """A stage that only moves data (reshape, transpose, slice, broadcast, pad, concat, gather)."""
+    return (op.num_outputs == 1 and analysis.classify(op)[0] != analysis.REDUCTION
+            and tir_stats.expr_flops(op.body[0]) == 0)
+
+
+def _effective_reads(op, users: dict, composed: set) -> list[tuple[str, float]]:
+    """(consumer, reuse) pairs for ``op`` once the index-map stages it feeds are composed away."""
+    out = []
+    for u in users.get(op, []):
+        if u in composed:
+            out.extend(_effective_reads(u, users, composed))
+            continue
+        for prod, idx in te_rewrite.loads(u.body[0]):
+            if prod.op == op:
+                out.append((u.name, analysis.access_pattern(u, prod, idx)[1]))
+    return out
+
+
+def _decide(t: te.Tensor, users: dict, pinned: dict, composed: set, flops_per_elem: int) -> str | None:
     """None to inline ``t``; otherwise the reason it stays a stage of its own.
 
     ``flops_per_elem`` counts the arithmetic of t's body *with its inlined producers composed
-    in*, so a bias add hidden behind a reshape still counts when the chain meets a GEMM.
+    in*; consumers are seen through the index-map stages that are composed away, so a ReLU
+    read through a pad by a 3x3 convolution counts as read 9 times.
     """
     op = t.op
     if op in pinned:
         return pinned[op]
     if op.num_outputs != 1:
         return "multi-output compute"
-    kind, _, _ = analysis.classify(op)
-    if kind == analysis.REDUCTION:
+    if analysis.classify(op)[0] == analysis.REDUCTION:
         return "reduction (an anchor)"
-    if flops_per_elem == 0:
-        return None  # a pure index map (reshape/transpose/slice/broadcast/pad/concat/gather): compose it
-    for u in users:
-        for prod, idx in te_rewrite.loads(u.body[0]):
-            if prod.op == op:
-                _, reuse, _ = analysis.access_pattern(u, prod, idx)
-                if reuse > 1:
-                    return f"read {reuse:g}x per element by {u.name} (inlining would repeat its arithmetic)"
-    if len(users) > 1 and flops_per_elem > 2:
-        return f"feeds {len(users)} consumers ({', '.join(u.name for u in users[:3])}); {flops_per_elem} ops per element would be repeated"
+    if op in composed:
+        return None
+    reads = _effective_reads(op, users, composed)
+    for name, reuse in reads:
+        if reuse > 1:
+            return f"read {reuse:g}x per element by {name} (inlining would repeat its arithmetic)"
+    if len(reads) > 1 and flops_per_elem > 2:
+        return (f"feeds {len(reads)} consumers ({', '.join(n for n, _ in reads[:3])}); "
+                f"{flops_per_elem} ops per element would be repeated")
     return None
+
+
+def _constant_index(int_constants: dict, tensor: te.Tensor, idx: list):
+    """A load of a known integer constant at constant indices is that number: ``take(x, 3)``
+    becomes a slice, one-to-one instead of a data-dependent gather."""
+    value = int_constants.get(tensor.op)
+    if value is None or not str(value.dtype).startswith(("int", "uint")):
+        return None
+    if not all(isinstance(i, tirx.IntImm) for i in idx):
+        return None
+    return tirx.const(int(value[tuple(int(i.value) for i in idx)]), str(tensor.dtype))
 
 
 def vertical(prog: TEProgram) -> VerticalResult:
@@ -72,11 +101,18 @@ def vertical(prog: TEProgram) -> VerticalResult:
         for t in o.inputs.values():
             pinned.setdefault(t.op, f"feeds opaque op {o.name}")
 
+    # Index-map stages are composed into their consumers first (unless pinned), so the decision
+    # for an arithmetic stage sees the consumers it will really have.
+    composed = {t.op for t in stages if t.op not in pinned and _is_index_map(t.op)}
     inlined_ops: dict = {}   # old op -> old op (its body is composed on demand)
+    int_constants = {t.op: v for t, v in prog.constants.items() if str(v.dtype).startswith(("int", "uint"))}
     new_of: dict = {}        # old op -> list of new tensors
     result = VerticalResult(prog)
 
     def load_fn(tensor, idx):
+        folded = _constant_index(int_constants, tensor, idx)
+        if folded is not None:
+            return folded
         if tensor.op in inlined_ops:
             return te_rewrite.body_at(tensor.op, tensor.value_index, idx, load_fn)
         if tensor.op in new_of:
@@ -90,7 +126,7 @@ def vertical(prog: TEProgram) -> VerticalResult:
             continue
         composed_flops[op] = tir_stats.expr_flops(op.body[0]) + sum(
             composed_flops.get(p.op, 0) for p, _ in te_rewrite.loads(op.body[0]) if p.op in inlined_ops)
-        reason = _decide(t, users.get(op, []), pinned, composed_flops[op])
+        reason = _decide(t, users, pinned, composed, composed_flops[op])
         if reason is None:
             inlined_ops[op] = op
             result.inlined.append(op.name)
