@@ -47,19 +47,22 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
     return func, externals
 
 
-def emit_module(prog: TEProgram, part: Partition, params: list[relax.Var], num_input: int,
-                schedule=None) -> tvm.IRModule:
-    """``main(params...)`` calling one PrimFunc per group, in the partition's order.
+def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule:
+    """``main(inputs..., weights...)`` calling one PrimFunc per group, in the partition's order.
 
+    The parameters are the program's inputs then its weights (``prog.weight_arrays()`` order).
     ``schedule(func) -> func`` schedules each group PrimFunc (identity when None).
     """
+    placeholders = list(prog.inputs) + list(prog.weights)
+    params = [relax.Var(t.op.name, relax.TensorType([int(d) for d in t.shape], str(t.dtype))) for t in placeholders]
+    num_input = len(prog.inputs)
     outputs_of = group_outputs(prog, part.groups)
 
     bb = relax.BlockBuilder()
     with bb.function("main", params, attrs={"num_input": num_input}):
         with bb.dataflow():
             env: dict = {}
-            for t, p in zip(prog.placeholders(), params):
+            for t, p in zip(placeholders, params):
                 env[(t.op, t.value_index)] = p
             for t, value in prog.constants.items():
                 env[(t.op, t.value_index)] = relax.const(value, str(t.dtype))

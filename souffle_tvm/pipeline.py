@@ -13,10 +13,11 @@ import tvm_ffi
 
 
 from . import emit, partition, schedule, te_program
-from .transforms import vertical
+from .transforms import horizontal, vertical
+from .transforms.horizontal import HorizontalResult
 from .transforms.vertical import VerticalResult
 
-LEVELS = ("v0", "v2")
+LEVELS = ("v0", "v1", "v2")  # none; + horizontal; + vertical (the paper's ablation levels)
 
 
 @dataclass
@@ -24,17 +25,24 @@ class SouffleModule:
     mod: tvm.IRModule
     program: te_program.TEProgram
     vertical: VerticalResult | None
+    horizontal: HorizontalResult | None
     partition: partition.Partition
 
+    @property
+    def params(self) -> list:
+        """Weight arrays in the order the emitted ``main`` takes them (after the inputs)."""
+        return self.program.weight_arrays()
 
-def run(mod: tvm.IRModule, target: tvm.target.Target, level: str = "v2") -> SouffleModule:
+
+def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2") -> SouffleModule:
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params)."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
-    main = mod["main"]
-    prog = te_program.lower(mod)
-    vres = vertical(prog) if level != "v0" else None
-    prog2 = vres.program if vres else prog
+    prog = te_program.lower(mod, weight_values=params)
+    hres = horizontal(prog) if level in ("v1", "v2") else None
+    prog1 = hres.program if hres else prog
+    vres = vertical(prog1) if level == "v2" else None
+    prog2 = vres.program if vres else prog1
     cache: dict = {}   # structural hash -> [(func, scheduled)]: each distinct group scheduled once
 
     def scheduled(func):
@@ -66,8 +74,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, level: str = "v2") -> Souf
         return None
 
     part = partition.partition_v2(prog2, fits=fits)
-    out = emit.emit_module(prog2, part, list(main.params), int(main.attrs["num_input"]),
-                           schedule=lambda f: scheduled(f).func)
-    return SouffleModule(out, prog2, vres, part)
+    out = emit.emit_module(prog2, part, schedule=lambda f: scheduled(f).func)
+    return SouffleModule(out, prog2, vres, hres, part)
 
 

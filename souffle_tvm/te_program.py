@@ -52,6 +52,18 @@ class TEProgram:
     constants: dict = field(default_factory=dict)   # te.Tensor -> np.ndarray
     opaque: list[OpaqueStage] = field(default_factory=list)
     op_of: dict = field(default_factory=dict)       # te.Operation -> relax op name it came from
+    weight_values: dict = field(default_factory=dict)  # weight te.Operation -> np.ndarray (when known)
+
+    def weight_arrays(self) -> list:
+        """The weights' values in ``weights`` order (what the emitted ``main`` takes after inputs)."""
+        return [self.weight_values[w.op] for w in self.weights]
+
+    def derive(self, outputs: list, opaque: list, weights: list | None = None, values: dict | None = None,
+               op_of: dict | None = None) -> "TEProgram":
+        """A transformed program over the same inputs and constants."""
+        return TEProgram(self.inputs, list(self.weights if weights is None else weights), outputs,
+                         dict(self.constants), opaque, dict(self.op_of if op_of is None else op_of),
+                         dict(self.weight_values if values is None else values))
 
     def stages(self) -> list[te.Tensor]:
         """Every compute tensor reachable from the outputs, producers before consumers."""
@@ -154,8 +166,12 @@ def _placeholders_for(name: str, ty) -> list[te.Tensor]:
     return out
 
 
-def lower(mod: tvm.IRModule, func_name: str = "main") -> TEProgram:
-    """Lower ``mod[func_name]`` (inputs first, then weights, as the importer makes it) to TE."""
+def lower(mod: tvm.IRModule, func_name: str = "main", weight_values: list | None = None) -> TEProgram:
+    """Lower ``mod[func_name]`` (inputs first, then weights, as the importer makes it) to TE.
+
+    ``weight_values`` (numpy arrays in parameter order) lets transforms rewrite weights
+    at compile time (the horizontal transform stacks them).
+    """
     func = mod[func_name]
     num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs else len(func.params)
     capture = _Capture()
@@ -168,6 +184,8 @@ def lower(mod: tvm.IRModule, func_name: str = "main") -> TEProgram:
         capture.env[p] = t
         placeholders.append(t)
     prog = TEProgram(placeholders[:num_input], placeholders[num_input:], [])
+    if weight_values is not None:
+        prog.weight_values = {w.op: v for w, v in zip(prog.weights, weight_values)}
     with _intercept_call_te(capture):
         for block in func.body.blocks:
             for b in block.bindings:

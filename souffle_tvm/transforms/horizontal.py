@@ -1,0 +1,199 @@
+"""Horizontal transform: independent stages of the same structure become one batched stage.
+
+Q/K/V projections, LSTM gate blocks, MMoE experts and parallel branches are contractions that
+read the same input with weights of the same shape. They are merged into one stage with a
+leading batch axis ``g`` whose weight operand is the branches' weights stacked once, at compile
+time; consumers read ``merged[g, ...]`` through a composed index map. Isomorphic single
+consumers of a merged level (bias adds, activations, reshapes) are merged in turn, so each
+branch's epilogue stays with the batched GEMM.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm_ffi
+from tvm import te, tirx
+
+from .. import analysis, te_rewrite
+from ..te_program import TEProgram
+
+
+@dataclass
+class HorizontalResult:
+    program: TEProgram
+    merged: list[list[str]] = field(default_factory=list)   # names of each merged set
+    skipped: dict[str, str] = field(default_factory=dict)    # first candidate -> why not merged
+
+
+@dataclass
+class _MergeSet:
+    level: list                 # the isomorphic ops, in slot order
+    stacked: dict               # branch-0 weight op -> stacked placeholder [n, ...]
+    tensor: te.Tensor | None = None
+
+
+def _users(stages) -> dict:
+    users = defaultdict(list)
+    for t in stages:
+        for op in {x.op for x in t.op.input_tensors}:
+            users[op].append(t.op)
+    return users
+
+
+def _canonical_body(op, mapping: dict, axes: list):
+    """op's body over shared axis variables, fresh reduce variables, inputs renamed by ``mapping``."""
+    def load_fn(tensor, idx):
+        rep = mapping.get(tensor.op)
+        return rep(*idx) if rep is not None else None
+
+    vmap = {ax.var: a for ax, a in zip(op.axis, axes)}
+    vmap.update({rv.var: tirx.Var(f"r{i}", rv.var.ty) for i, rv in enumerate(op.reduce_axis)})
+    return te_rewrite.substitute(op.body[0], vmap, load_fn)
+
+
+def _same_function(a, b, axes: list) -> bool:
+    """Equal up to the (body-local) reduce variables; the shared axes must match one for one."""
+    if not tvm_ffi.structural_equal(a, b, map_free_vars=True):
+        return False
+    order = lambda e: [v.name for v in _vars(e) if any(v.same_as(x) for x in axes)]  # noqa: E731
+    return order(a) == order(b)
+
+
+def _vars(e) -> list:
+    out = []
+    tvm_ffi.structural_walk(e, (tirx.Var, lambda v: out.append(v)))
+    return out
+
+
+def _isomorphic(ops: list, weights: set, merged: dict) -> dict | None:
+    """If the ops compute one function of shared inputs, differing only in same-shaped weights
+    (or in the slot of an already merged level they read), return per op its differing inputs."""
+    first = ops[0]
+    shape = [int(a.dom.extent) for a in first.axis]
+    if any(o.num_outputs != 1 or [int(a.dom.extent) for a in o.axis] != shape
+           or len(o.reduce_axis) != len(first.reduce_axis) for o in ops):
+        return None
+    inputs = [{x.op for x in o.input_tensors} for o in ops]
+    common = set.intersection(*inputs)
+    roles = [sorted(ins - common, key=lambda op: op.name) for ins in inputs]
+    if any(len(r) != len(roles[0]) or not all(d in weights or d in merged for d in r) for r in roles):
+        return None
+    axes = [tirx.Var(f"a{i}", ax.var.ty) for i, ax in enumerate(first.axis)]
+    ref = _canonical_body(first, {}, axes)
+    for o, r in zip(ops[1:], roles[1:]):
+        mapping = {d: next(x for x in first.input_tensors if x.op == d0) for d, d0 in zip(r, roles[0])}
+        if not _same_function(_canonical_body(o, mapping, axes), ref, axes):
+            return None
+    return dict(zip(ops, roles))
+
+
+def horizontal(prog: TEProgram, min_branches: int = 2) -> HorizontalResult:
+    """Merge sets of isomorphic contractions that read one shared input (and their epilogues)."""
+    stages = prog.stages()
+    users = _users(stages)
+    weights = {t.op for t in prog.weights}
+    values = prog.weight_values
+    result = HorizontalResult(prog)
+
+    seeds = defaultdict(list)   # shared data input -> contractions reading it with a weight
+    for t in stages:
+        kind, detail, _ = analysis.classify(t.op)
+        data = [x.op for x in t.op.input_tensors if x.op not in weights]
+        if kind == analysis.REDUCTION and detail == "contraction" and len(data) == 1:
+            seeds[data[0]].append(t.op)
+
+    merged_of: dict = {}        # old op -> (merge set, slot)
+    new_values: dict = {}
+    sets: list[_MergeSet] = []
+    for ops in seeds.values():
+        level = [o for o in ops if o not in merged_of]
+        while len(level) >= min_branches:
+            roles = _isomorphic(level, weights, merged_of)
+            if roles is None:
+                result.skipped[level[0].name] = f"{len(level)} candidates are not isomorphic"
+                break
+            if any(d in weights and d not in values for o in level for d in roles[o]):
+                result.skipped[level[0].name] = "weight values unknown (cannot stack at compile time)"
+                break
+            ms = _plan(level, roles, merged_of, new_values, values)
+            sets.append(ms)
+            merged_of.update({o: (ms, slot) for slot, o in enumerate(level)})
+            result.merged.append([o.name for o in level])
+            nxt = [users.get(o, []) for o in level]
+            if not all(len(u) == 1 for u in nxt) or len({u[0] for u in nxt}) != len(level):
+                break
+            level = [u[0] for u in nxt]
+
+    if not sets:
+        return result
+    stacked = [w for ms in sets for w in ms.stacked.values()]
+    result.program = _rebuild(prog, stages, merged_of, stacked, new_values)
+    return result
+
+
+def _plan(level, roles, merged_of, new_values, values) -> _MergeSet:
+    """Stack the branches' differing weights now; the merged compute is built in ``_rebuild``."""
+    first, n = level[0], len(level)
+    stacked = {}
+    for k, d0 in enumerate(roles[first]):
+        if d0 in merged_of:
+            continue
+        w0 = next(x for x in first.input_tensors if x.op == d0)
+        ph = te.placeholder([n, *w0.shape], w0.dtype, name=f"{d0.name}_h{n}")
+        new_values[ph.op] = np.stack([values[roles[o][k]] for o in level])
+        stacked[d0] = ph
+    return _MergeSet(level, stacked)
+
+
+def _build_merged(ms: _MergeSet, merged_of: dict, outer_load) -> te.Tensor:
+    """One stage computing all of ``ms.level`` along a new leading axis g."""
+    first, n = ms.level[0], len(ms.level)
+
+    def fcompute(g, *idx):
+        def load_fn(tensor, index):
+            if tensor.op in ms.stacked:
+                return ms.stacked[tensor.op](g, *index)
+            if tensor.op in merged_of:             # the previous merged level: same slot g
+                return merged_of[tensor.op][0].tensor(g, *index)
+            return outer_load(tensor, index)
+        return te_rewrite.body_at(first, 0, list(idx), load_fn)
+
+    shape = [n] + [ax.dom.extent for ax in first.axis]
+    return te.compute(shape, fcompute, name=f"{first.name}_h{n}", tag=first.tag)
+
+
+def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
+    new_of: dict = {}
+
+    def load_fn(tensor, idx):
+        if tensor.op in merged_of:
+            ms, slot = merged_of[tensor.op]
+            return ms.tensor(tirx.const(slot, "int64"), *idx)
+        if tensor.op in new_of:
+            return new_of[tensor.op][tensor.value_index](*idx)
+        return None
+
+    for t in stages:   # topological: producers are rebuilt (or merged) before their consumers
+        if t.op in merged_of:
+            ms = merged_of[t.op][0]
+            if ms.tensor is None:
+                ms.tensor = _build_merged(ms, merged_of, load_fn)
+        elif t.op not in new_of:
+            new_of[t.op] = te_rewrite.rebuild(t.op, load_fn)
+
+    def remap(t):
+        if t.op in merged_of:
+            ms, slot = merged_of[t.op]
+            return te.compute(t.shape, lambda *i: ms.tensor(tirx.const(slot, "int64"), *i), name=f"{t.op.name}_out")
+        return new_of[t.op][t.value_index] if t.op in new_of else t
+
+    opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
+              for o in prog.opaque]
+    out = prog.derive([remap(t) for t in prog.outputs], opaque, prog.weights + new_weights,
+                      {**prog.weight_values, **new_values})
+    used = {x.op for t in out.stages() for x in t.op.input_tensors}
+    out.weights = [w for w in out.weights if w.op in used]
+    return out
