@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -9,8 +10,9 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from . import build_tvm, resources, tir_stats
-from .errors import NotAvailableError, SouffleError
+from . import build_tvm, pipeline, resources, tir_stats
+from .errors import SouffleError
+from .te_program import LoweringError
 from .frontend import ImportedModel, import_onnx
 from .report import KernelReport, Report
 from .targets import describe, is_cuda, make_target
@@ -115,24 +117,41 @@ def _totals(name, target, arch, kernels, distinct, seconds, nvcc) -> Report:
 
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
-            nvcc: bool = True) -> Compiled:
+            nvcc: bool = True, level: str = "v2") -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
-    is the Souffle pipeline (not available in this build: it raises NotAvailableError).
+    is the Souffle pipeline at ``level`` (v0: no transforms; v1: + horizontal; v2: + vertical,
+    one kernel per anchor group). A model that cannot be lowered to one TEProgram falls back
+    to TVM's path and the report's ``fallback`` says why.
     """
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
-    if fusion == "souffle":
-        raise NotAvailableError("--fusion souffle is not available yet: the Souffle pipeline (TE lowering, "
-                                "transforms, partitioner, stitched cooperative kernels) is still being built; "
-                                "use --fusion tvm")
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
-    result = build_tvm.build(imported.mod, tgt)
+    t0 = time.perf_counter()
+    souffle, fallback = None, None
+    if fusion == "souffle":
+        try:
+            souffle = pipeline.run(imported.mod, tgt, imported.params, level=level)
+        except LoweringError as err:
+            fallback = str(err)   # documented: the whole model then builds through TVM's path
+    if souffle is not None:
+        result = build_tvm.build(souffle.mod, tgt, stats_from=souffle.unscheduled)
+        imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
+    else:
+        result = build_tvm.build(imported.mod, tgt)
+    result.seconds = time.perf_counter() - t0
     if is_cuda(tgt):
         src = cuda_source(result.executable)
         report = _cuda_report(imported.name, tgt, result, src, nvcc)
     else:
         src, report = None, _cpu_report(imported.name, result)
+    report.fusion = fusion
+    if fusion == "souffle":
+        report.fallback = fallback
+        if souffle is not None:
+            report.level = level
+            report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name],
+                              "reason": g.reason} for g in souffle.partition.groups]
     return Compiled(imported, tgt, result.executable, report, src)

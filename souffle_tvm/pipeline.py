@@ -13,7 +13,7 @@ import tvm_ffi
 
 
 from . import emit, partition, schedule, te_program
-from .transforms import horizontal, vertical
+from .transforms import fold_weights, horizontal, vertical
 from .transforms.horizontal import HorizontalResult
 from .transforms.vertical import VerticalResult
 
@@ -22,7 +22,8 @@ LEVELS = ("v0", "v1", "v2")  # none; + horizontal; + vertical (the paper's ablat
 
 @dataclass
 class SouffleModule:
-    mod: tvm.IRModule
+    mod: tvm.IRModule              # group PrimFuncs scheduled for the target
+    unscheduled: tvm.IRModule      # the same module before scheduling (for flops/bytes)
     program: te_program.TEProgram
     vertical: VerticalResult | None
     horizontal: HorizontalResult | None
@@ -38,7 +39,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params)."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
-    prog = te_program.lower(mod, weight_values=params)
+    prog = fold_weights(te_program.lower(mod, weight_values=params)).program
     hres = horizontal(prog) if level in ("v1", "v2") else None
     prog1 = hres.program if hres else prog
     vres = vertical(prog1) if level == "v2" else None
@@ -75,6 +76,6 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
 
     part = partition.partition_v2(prog2, fits=fits)
     out = emit.emit_module(prog2, part, schedule=lambda f: scheduled(f).func)
-    return SouffleModule(out, prog2, vres, hres, part)
+    return SouffleModule(out, emit.emit_module(prog2, part), prog2, vres, hres, part)
 
 

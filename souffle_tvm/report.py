@@ -11,6 +11,9 @@ distinct_kernels   distinct ``__global__`` functions (on llvm: distinct PrimFunc
 compile_seconds    wall time of the build (import excluded; nvcc excluded, see ``nvcc``)
 bytes, flops       per inference: Σ launches × kernel bytes / flops
 nvcc               {available, seconds, note}: whether resource figures come from ptxas
+level              souffle only: the pipeline level (v0 none, v1 + horizontal, v2 + vertical)
+groups[]           souffle only: per kernel group its name, members, and ``reason`` (why a
+                   boundary was drawn before it); ``fallback`` says why TVM's path was used
 kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
                    (static from ptxas + dynamic from TIR), spill_bytes, launches (per
                    inference), bytes (compulsory global traffic of one launch: the sizes of the
@@ -54,6 +57,9 @@ class Report:
     flops: int
     nvcc: dict
     kernels: list[KernelReport] = field(default_factory=list)
+    level: str | None = None
+    groups: list[dict] = field(default_factory=list)
+    fallback: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -91,6 +97,15 @@ class Report:
                 f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {_si(k.bytes):>8} {_si(k.flops):>8}")
         if len(ranked) > max_rows:
             lines.append(f"... {len(ranked) - max_rows} more kernels (see the JSON report)")
+        if self.fallback:
+            lines.append(f"\nfallback to TVM's default path: {self.fallback}")
+        if self.groups:
+            reasons: dict[str, int] = {}
+            for g in self.groups:
+                key = g["reason"].split(":")[0].split("(")[0].strip()
+                reasons[key] = reasons.get(key, 0) + 1
+            lines.append(f"\nboundaries ({len(self.groups)} groups, level {self.level}):")
+            lines += [f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
         return "\n".join(lines)
 
 

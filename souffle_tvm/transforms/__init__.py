@@ -1,6 +1,7 @@
 """Semantics-preserving TEProgram → TEProgram transforms (each one idea, each testable alone)."""
 
+from .fold_weights import fold_weights
 from .horizontal import horizontal
 from .vertical import vertical
 
-__all__ = ["horizontal", "vertical"]
+__all__ = ["fold_weights", "horizontal", "vertical"]

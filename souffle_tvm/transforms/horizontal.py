@@ -1,11 +1,12 @@
 """Horizontal transform: independent stages of the same structure become one batched stage.
 
 Q/K/V projections, LSTM gate blocks, MMoE experts and parallel branches are contractions that
-read the same input with weights of the same shape. They are merged into one stage with a
-leading batch axis ``g`` whose weight operand is the branches' weights stacked once, at compile
-time; consumers read ``merged[g, ...]`` through a composed index map. Isomorphic single
-consumers of a merged level (bias adds, activations, reshapes) are merged in turn, so each
-branch's epilogue stays with the batched GEMM.
+read the same input with weights of the same shape. They are merged into ONE contraction whose
+output axis carried by the weights (N) is G times longer, with the weights concatenated along
+that axis once, at compile time: [M,K]x[K,N] three times becomes [M,K]x[K,3N], a plain GEMM
+that TVM's schedules tile like any other. Consumers read ``merged[..., g*N + n]`` through a
+composed index map. Isomorphic element-wise consumers of the same shape (bias adds,
+activations) are merged in turn, so each branch's epilogue stays fused with the merged GEMM.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ class HorizontalResult:
 @dataclass
 class _MergeSet:
     level: list                 # the isomorphic ops, in slot order
-    stacked: dict               # branch-0 weight op -> stacked placeholder [n, ...]
+    axis: int                   # the output axis the branches are concatenated along
+    stacked: dict               # branch-0 weight op -> (concatenated placeholder, its axis)
     tensor: te.Tensor | None = None
+
+    @property
+    def extent(self) -> int:
+        return int(self.level[0].axis[self.axis].dom.extent)
 
 
 def _users(stages) -> dict:
@@ -98,27 +104,37 @@ def horizontal(prog: TEProgram, min_branches: int = 2) -> HorizontalResult:
     values = prog.weight_values
     result = HorizontalResult(prog)
 
-    seeds = defaultdict(list)   # shared data input -> contractions reading it with a weight
+    # Seeds: contractions with one shared data input, bucketed by output and weight shapes
+    # (MMoE's experts and its gates read the same features but are two different sets).
+    seeds = defaultdict(list)
     for t in stages:
         kind, detail, _ = analysis.classify(t.op)
         data = [x.op for x in t.op.input_tensors if x.op not in weights]
         if kind == analysis.REDUCTION and detail == "contraction" and len(data) == 1:
-            seeds[data[0]].append(t.op)
+            wshapes = sorted(tuple(int(d) for d in x.shape) for x in t.op.input_tensors if x.op in weights)
+            seeds[(data[0], tuple(int(d) for d in t.shape), tuple(wshapes))].append(t.op)
 
     merged_of: dict = {}        # old op -> (merge set, slot)
     new_values: dict = {}
     sets: list[_MergeSet] = []
     for ops in seeds.values():
         level = [o for o in ops if o not in merged_of]
+        axis = _weight_axis(level[0], weights) if level else None
+        if len(level) >= min_branches and axis is None:
+            result.skipped[level[0].name] = "no output axis is carried by the weights alone"
+            continue
         while len(level) >= min_branches:
             roles = _isomorphic(level, weights, merged_of)
             if roles is None:
                 result.skipped[level[0].name] = f"{len(level)} candidates are not isomorphic"
                 break
             if any(d in weights and d not in values for o in level for d in roles[o]):
-                result.skipped[level[0].name] = "weight values unknown (cannot stack at compile time)"
+                result.skipped[level[0].name] = "weight values unknown (cannot concatenate at compile time)"
                 break
-            ms = _plan(level, roles, merged_of, new_values, values)
+            ms = _plan(level, roles, merged_of, axis, new_values, values)
+            if ms is None:
+                result.skipped[level[0].name] = "a weight does not vary along the merged axis"
+                break
             sets.append(ms)
             merged_of.update({o: (ms, slot) for slot, o in enumerate(level)})
             result.merged.append([o.name for o in level])
@@ -126,43 +142,88 @@ def horizontal(prog: TEProgram, min_branches: int = 2) -> HorizontalResult:
             if not all(len(u) == 1 for u in nxt) or len({u[0] for u in nxt}) != len(level):
                 break
             level = [u[0] for u in nxt]
+            # Follow element-wise epilogues of the same shape only; index maps are the vertical
+            # transform's business (they compose into consumers, merged or not).
+            if any(analysis.classify(o)[0] == analysis.REDUCTION or o.num_outputs != 1
+                   or [int(a.dom.extent) for a in o.axis] != [int(a.dom.extent) for a in ms.level[0].axis]
+                   for o in level):
+                break
 
     if not sets:
         return result
-    stacked = [w for ms in sets for w in ms.stacked.values()]
+    stacked = [ph for ms in sets for ph, _ in ms.stacked.values()]
     result.program = _rebuild(prog, stages, merged_of, stacked, new_values)
     return result
 
 
-def _plan(level, roles, merged_of, new_values, values) -> _MergeSet:
-    """Stack the branches' differing weights now; the merged compute is built in ``_rebuild``."""
+def _weight_axis(op, weights: set) -> int | None:
+    """The last output axis that indexes a weight operand and no data operand (GEMM's N)."""
+    data_vars, weight_vars = set(), set()
+    for t, idx in te_rewrite.loads(op.body[0]):
+        target = weight_vars if t.op in weights else data_vars
+        for i in idx:
+            tvm_ffi.structural_walk(i, (tirx.Var, lambda v, tg=target: tg.add(v.name)))
+    for a in reversed(range(len(op.axis))):
+        name = op.axis[a].var.name
+        if name in weight_vars and name not in data_vars and int(op.axis[a].dom.extent) > 1:
+            return a
+    return None
+
+
+def _plan(level, roles, merged_of, axis, new_values, values) -> _MergeSet | None:
+    """Concatenate the branches' differing weights along the axis their index carries ``axis``."""
     first, n = level[0], len(level)
+    var = first.axis[axis].var
     stacked = {}
     for k, d0 in enumerate(roles[first]):
         if d0 in merged_of:
             continue
         w0 = next(x for x in first.input_tensors if x.op == d0)
-        ph = te.placeholder([n, *w0.shape], w0.dtype, name=f"{d0.name}_h{n}")
-        new_values[ph.op] = np.stack([values[roles[o][k]] for o in level])
-        stacked[d0] = ph
-    return _MergeSet(level, stacked)
+        positions = {p for t, idx in te_rewrite.loads(first.body[0]) if t.op == d0
+                     for p, i in enumerate(idx) if isinstance(i, tirx.Var) and i.same_as(var)}
+        if len(positions) != 1:
+            return None
+        p = positions.pop()
+        arr = np.concatenate([values[roles[o][k]] for o in level], axis=p)
+        shape = [int(d) for d in w0.shape]
+        shape[p] *= n
+        ph = te.placeholder(shape, w0.dtype, name=f"{d0.name}_h{n}")
+        new_values[ph.op] = arr
+        stacked[d0] = (ph, p)
+    return _MergeSet(level, axis, stacked)
 
 
 def _build_merged(ms: _MergeSet, merged_of: dict, outer_load) -> te.Tensor:
-    """One stage computing all of ``ms.level`` along a new leading axis g."""
-    first, n = ms.level[0], len(ms.level)
+    """One stage computing all of ``ms.level``, concatenated along ``ms.axis``."""
+    first, n, ext = ms.level[0], len(ms.level), ms.extent
 
-    def fcompute(g, *idx):
+    def fcompute(*idx):
+        j = idx[ms.axis]
+        local = list(idx)
+        local[ms.axis] = tirx.floormod(j, ext)
+
         def load_fn(tensor, index):
             if tensor.op in ms.stacked:
-                return ms.stacked[tensor.op](g, *index)
-            if tensor.op in merged_of:             # the previous merged level: same slot g
-                return merged_of[tensor.op][0].tensor(g, *index)
+                ph, p = ms.stacked[tensor.op]
+                index = list(index)
+                index[p] = j
+                return ph(*index)
+            if tensor.op in merged_of:             # the previous merged level: same position j
+                index = list(index)
+                index[ms.axis] = j
+                return merged_of[tensor.op][0].tensor(*index)
             return outer_load(tensor, index)
-        return te_rewrite.body_at(first, 0, list(idx), load_fn)
+        return te_rewrite.body_at(first, 0, local, load_fn)
 
-    shape = [n] + [ax.dom.extent for ax in first.axis]
+    shape = [ax.dom.extent for ax in first.axis]
+    shape[ms.axis] = shape[ms.axis] * n
     return te.compute(shape, fcompute, name=f"{first.name}_h{n}", tag=first.tag)
+
+
+def _slot_index(ms: _MergeSet, slot: int, idx: list) -> list:
+    idx = list(idx)
+    idx[ms.axis] = idx[ms.axis] + tirx.const(slot * ms.extent, idx[ms.axis].ty if hasattr(idx[ms.axis], "ty") else "int64")
+    return idx
 
 
 def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
@@ -171,7 +232,7 @@ def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
     def load_fn(tensor, idx):
         if tensor.op in merged_of:
             ms, slot = merged_of[tensor.op]
-            return ms.tensor(tirx.const(slot, "int64"), *idx)
+            return ms.tensor(*_slot_index(ms, slot, idx))
         if tensor.op in new_of:
             return new_of[tensor.op][tensor.value_index](*idx)
         return None
@@ -187,7 +248,7 @@ def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
     def remap(t):
         if t.op in merged_of:
             ms, slot = merged_of[t.op]
-            return te.compute(t.shape, lambda *i: ms.tensor(tirx.const(slot, "int64"), *i), name=f"{t.op.name}_out")
+            return te.compute(t.shape, lambda *i: ms.tensor(*_slot_index(ms, slot, list(i))), name=f"{t.op.name}_out")
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
     opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)

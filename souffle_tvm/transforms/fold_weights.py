@@ -1,0 +1,108 @@
+"""Fold weight-only stages at compile time.
+
+Exporters put weight layout work in the graph (Gemm's ``transB`` becomes a transpose of the
+weight, a conv bias is reshaped to [1, C, 1, 1]). Such stages depend on weights alone, so
+they are evaluated once here (one llvm build for all of them) and replaced by new weights:
+no kernel runs them per inference, and contractions then read a weight directly, which is
+what lets the horizontal transform see MMoE experts as isomorphic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import te
+
+from .. import te_rewrite
+from ..te_program import TEProgram
+
+
+@dataclass
+class FoldResult:
+    program: TEProgram
+    folded: list[str] = field(default_factory=list)
+
+
+def fold_weights(prog: TEProgram) -> FoldResult:
+    stages = prog.stages()
+    known = {w.op for w in prog.weights if w.op in prog.weight_values} | {c.op for c in prog.constants}
+    weight_only = set()
+    for t in stages:
+        if all(x.op in known or x.op in weight_only for x in t.op.input_tensors) and t.op.input_tensors:
+            weight_only.add(t.op)
+    frontier = []
+    for t in stages:
+        if t.op in weight_only:
+            continue
+        for x in t.op.input_tensors:
+            if x.op in weight_only and not any(x.op.same_as(f.op) and x.value_index == f.value_index for f in frontier):
+                frontier.append(x)
+    frontier += [t for t in prog.outputs if t.op in weight_only and t not in frontier]
+    if not frontier:
+        return FoldResult(prog)
+
+    values = _evaluate(prog, frontier)
+    folded = {}
+    new_weights = []
+    for t, v in zip(frontier, values):
+        ph = te.placeholder(t.shape, t.dtype, name=f"{t.op.name}_folded")
+        folded[(t.op, t.value_index)] = ph
+        new_weights.append(ph)
+
+    new_of: dict = {}
+
+    def load_fn(tensor, idx):
+        key = (tensor.op, tensor.value_index)
+        if key in folded:
+            return folded[key](*idx)
+        if tensor.op in new_of:
+            return new_of[tensor.op][tensor.value_index](*idx)
+        return None
+
+    for t in stages:
+        if t.op not in weight_only and t.op not in new_of:
+            new_of[t.op] = te_rewrite.rebuild(t.op, load_fn)
+
+    def remap(t):
+        key = (t.op, t.value_index)
+        if key in folded:
+            return folded[key]
+        return new_of[t.op][t.value_index] if t.op in new_of else t
+
+    opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
+              for o in prog.opaque]
+    values_map = {**prog.weight_values, **{ph.op: v for ph, v in zip(new_weights, values)}}
+    out = prog.derive([remap(t) for t in prog.outputs], opaque, list(prog.weights) + new_weights, values_map)
+    used = {x.op for t in out.stages() for x in t.op.input_tensors} | {t.op for t in out.outputs}
+    out.weights = [w for w in out.weights if w.op in used]
+    return FoldResult(out, [t.op.name for t in frontier])
+
+
+def _evaluate(prog: TEProgram, frontier: list[te.Tensor]) -> list[np.ndarray]:
+    """Compute the frontier tensors from the weight values with one CPU build."""
+    inputs = [w for w in prog.weights if w.op in prog.weight_values] + list(prog.constants)
+    needed = _reachable_placeholders(frontier)
+    inputs = [t for t in inputs if t.op in needed]
+    func = te.create_prim_func(inputs + frontier)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    consts = {t.op: v for t, v in prog.constants.items()}
+    args = [tvm.runtime.tensor(prog.weight_values[t.op] if t.op in prog.weight_values else consts[t.op])
+            for t in inputs]
+    outs = [tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], str(t.dtype))) for t in frontier]
+    lib["main"](*args, *outs)
+    return [o.numpy() for o in outs]
+
+
+def _reachable_placeholders(tensors) -> set:
+    seen, stack, found = set(), [t.op for t in tensors], set()
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if isinstance(op, te.PlaceholderOp):
+            found.add(op)
+        stack.extend(x.op for x in op.input_tensors)
+    return found
