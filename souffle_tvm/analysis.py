@@ -204,6 +204,18 @@ def classify(op: te.ComputeOp) -> tuple[str, str, bool]:
     return ONE_TO_ONE, "copy" if patterns else "constant", False
 
 
+def stage_names(stages: list[te.Tensor]) -> dict:
+    """Unique, stable display names (``matmul``, ``matmul#1``, ...) in topological order."""
+    seen: Counter = Counter()
+    names = {}
+    for t in stages:
+        if t.op in names:
+            continue
+        seen[t.op.name] += 1
+        names[t.op] = t.op.name if seen[t.op.name] == 1 else f"{t.op.name}#{seen[t.op.name] - 1}"
+    return names
+
+
 def analyze(prog: TEProgram) -> Analysis:
     """Analyse every stage and edge of ``prog``."""
     stages = prog.stages()
@@ -217,12 +229,10 @@ def analyze(prog: TEProgram) -> Analysis:
     for t in prog.outputs:
         consumers[t.op] += 1
     infos, tensors = [], {}
-    names = Counter()
+    names = stage_names(stages)
     for t in stages:
         op = t.op
-        base = op.name
-        names[base] += 1
-        name = base if names[base] == 1 else f"{base}#{names[base] - 1}"
+        name = names[op]
         kind, detail, heavy = classify(op)
         edges, footprint = [], 0
         seen_producers = set()

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None, help="relative L2 tolerance (1e-5 fp32, 1e-2 fp16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
 
+    p = sub.add_parser("analyze", help="the whole model as tensor expressions: stage kinds, index maps, reuse")
+    _model_args(p)
+    p.add_argument("--json", default=None, help="write the analysis (and the vertical transform's outcome) as JSON")
+    p.add_argument("--rows", type=int, default=40, help="stages to print (all are in the JSON)")
+
     p = sub.add_parser("zoo", help="the paper's six models, built locally with random weights")
     zsub = p.add_subparsers(dest="zoo_command", required=True)
     zsub.add_parser("list", help="list the zoo models")
@@ -86,6 +91,32 @@ def cmd_zoo(args) -> int:
     model = zoo.build(args.name, small=args.small, dtype=args.dtype)
     onnx.save(model, out)
     print(f"wrote {out} ({len(model.graph.node)} nodes, {os.path.getsize(out) / 1e6:.1f} MB)")
+    return EXIT_OK
+
+
+def cmd_analyze(args) -> int:
+    import json
+
+    from . import analysis, te_program
+    from .frontend import import_onnx
+    from .transforms import vertical
+
+    m = import_onnx(args.model, _parse_shapes(args.input_shapes), small=args.small, dtype=args.dtype)
+    prog = te_program.lower(m.mod, weight_values=m.params)
+    a = analysis.analyze(prog)
+    print(a.table(args.rows))
+    v = vertical(prog)
+    after = analysis.analyze(v.program)
+    print(f"\nvertical transform: {len(v.inlined)} one-to-one stages composed into their consumers; "
+          f"{len(after.stages)} stages remain ({', '.join(f'{k} {n}' for k, n in sorted(after.counts().items()))})")
+    survivors = {k: r for k, r in v.kept.items() if not r.startswith("reduction")}
+    for name, reason in list(survivors.items())[: args.rows]:
+        print(f"  kept {name}: {reason}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": m.name, **a.to_json(), "vertical": {"inlined": v.inlined, "kept": v.kept,
+                       "counts_after": after.counts()}}, f, indent=1)
+        print(f"analysis: {args.json}")
     return EXIT_OK
 
 
@@ -170,7 +201,7 @@ def cmd_run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo}
+    handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze}
     try:
         return handlers[args.command](args)
     except (SouffleError, OSError, ValueError, KeyError) as err:

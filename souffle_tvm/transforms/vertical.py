@@ -119,6 +119,7 @@ def vertical(prog: TEProgram) -> VerticalResult:
             return new_of[tensor.op][tensor.value_index](*idx)
         return None
 
+    names = analysis.stage_names(stages)
     composed_flops: dict = {}
     for t in stages:
         op = t.op
@@ -129,10 +130,10 @@ def vertical(prog: TEProgram) -> VerticalResult:
         reason = _decide(t, users, pinned, composed, composed_flops[op])
         if reason is None:
             inlined_ops[op] = op
-            result.inlined.append(op.name)
+            result.inlined.append(names[op])
         else:
             new_of[op] = te_rewrite.rebuild(op, load_fn)
-            result.kept[op.name] = reason
+            result.kept[names[op]] = reason
 
     def remap(t: te.Tensor) -> te.Tensor:
         return new_of[t.op][t.value_index] if t.op in new_of else t
