@@ -13,6 +13,7 @@ and its reuse: how many times one consumer pass reads each producer element it t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -174,6 +175,7 @@ def _is_concat(op: te.ComputeOp) -> bool:
     return bool(found)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def classify(op: te.ComputeOp) -> tuple[str, str, bool]:
     """(kind, detail, compute_intensive) from the body and index expressions alone."""
     body = op.body[0]

@@ -76,17 +76,30 @@ def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
     return True
 
 
+def _readers(prog: TEProgram) -> dict:
+    """op -> the ops (stages, opaque output placeholders) that read it; program outputs too."""
+    readers: dict = {}
+    for t in prog.stages():
+        for x in t.op.input_tensors:
+            readers.setdefault(x.op, set()).add(t.op)
+    for o in prog.opaque:
+        for x in o.inputs.values():
+            readers.setdefault(x.op, set()).add(o.outputs[0].op)
+    for t in prog.outputs:
+        readers.setdefault(t.op, set()).add(None)      # None: read by the caller of main
+    return readers
+
+
+def outputs_of(group: Group, readers: dict) -> list[te.Tensor]:
+    """The group's members that something outside the group reads."""
+    own = {m.op for m in group.members}
+    return [m for m in group.members if readers.get(m.op, set()) - own]
+
+
 def group_outputs(prog: TEProgram, groups: list[Group]) -> dict[int, list[te.Tensor]]:
     """Per group (by id): its members read by another group, an opaque op or the program."""
-    wanted = {(t.op, t.value_index) for t in prog.outputs}
-    owner = {m.op: id(g) for g in groups for m in g.members}
-    for g in groups:
-        reads = ([x for m in g.members for x in m.op.input_tensors] if g.opaque is None
-                 else list(g.opaque.inputs.values()))
-        for x in reads:
-            if owner.get(x.op) != id(g):
-                wanted.add((x.op, x.value_index))
-    return {id(g): [m for m in g.members if (m.op, m.value_index) in wanted] for g in groups}
+    readers = _readers(prog)
+    return {id(g): outputs_of(g, readers) for g in groups}
 
 
 Fits = Callable[[Group, list[te.Tensor]], "str | None"]
@@ -96,12 +109,13 @@ def _split_until_fits(prog: TEProgram, groups: list[Group], fits: Fits) -> list[
     """Schedule feedback: a group no schedule can build as one kernel is split, with the reason."""
     out: list[Group] = []
     pending = list(groups)
+    readers = _readers(prog)
     while pending:
         g = pending.pop(0)
         if g.opaque is not None:
             out.append(g)
             continue
-        outputs = group_outputs(prog, out + [g] + pending)[id(g)]
+        outputs = outputs_of(g, readers)
         err = fits(g, outputs)
         if err is None or len(g.members) == 1:
             if err is not None:

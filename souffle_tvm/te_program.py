@@ -69,6 +69,8 @@ class TEProgram:
         """Every compute tensor reachable from the outputs, producers before consumers."""
         order, seen = [], set()
         roots = list(self.outputs) + [t for o in self.opaque for t in o.inputs.values()]
+        # An opaque op's results depend on its inputs: visit those first.
+        after = {out.op: list(o.inputs.values()) for o in self.opaque for out in o.outputs}
         for root in roots:  # iterative post-order: models are thousands of stages deep
             stack = [(root.op, False)]
             while stack:
@@ -81,7 +83,8 @@ class TEProgram:
                     continue
                 seen.add(op)
                 stack.append((op, True))
-                stack.extend((t.op, False) for t in reversed(list(op.input_tensors)) if t.op not in seen)
+                deps = list(op.input_tensors) + after.get(op, [])
+                stack.extend((t.op, False) for t in reversed(deps) if t.op not in seen)
         return order
 
     def placeholders(self) -> list[te.Tensor]:
@@ -217,7 +220,9 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
                 result = legalize(relax.BlockBuilder(), value)
             except Exception as err:  # noqa: BLE001 - any failure makes the op opaque, with the reason
                 result, reason = None, f"{value.op.name}: legalization failed: {str(err).strip().splitlines()[-1][:160]}"
-            if result is not None and _is_te_result(result):
+            if result is not None and _is_te_result(result) and _non_compute_op(result, prog) is not None:
+                reason = f"{value.op.name}: legalizes to a hand-written ({_non_compute_op(result, prog)}) kernel"
+            elif result is not None and _is_te_result(result):
                 capture.env[b.var] = result
                 for t in (result if isinstance(result, (list, tuple)) else [result]):
                     prog.op_of.setdefault(t.op, value.op.name)
@@ -234,6 +239,21 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
     outs = _placeholders_for(b.var.name, b.var.ty)
     capture.env[b.var] = outs if isinstance(b.var.ty, relax.TupleType) else outs[0]
     prog.opaque.append(OpaqueStage(b.var.name, value, args, outs, reason))
+
+
+def _non_compute_op(result, prog: TEProgram) -> str | None:
+    """The type of the first new op that is neither a compute nor a placeholder (extern, scan)."""
+    stack = list(result) if isinstance(result, (list, tuple)) else [result]
+    seen = set()
+    while stack:
+        t = stack.pop()
+        if t.op in seen or t.op in prog.op_of:
+            continue
+        seen.add(t.op)
+        if not isinstance(t.op, (te.ComputeOp, te.PlaceholderOp)):
+            return type(t.op).__name__
+        stack.extend(t.op.input_tensors)
+    return None
 
 
 def _record_ops(result, op_name: str, prog: TEProgram) -> None:

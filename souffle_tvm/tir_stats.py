@@ -138,7 +138,9 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
     loaded data (take, gather) counts as many rows as the iteration variables feeding it can
     select, not the whole dimension: a ``take`` of one row touches one row.
     """
-    params = {p.name: p for p in func.params if hasattr(p.ty, "shape")}
+    # Only buffers of static shape have a footprint to report (a legalized opaque op may be symbolic).
+    params = {p.name: p for p in func.params
+              if hasattr(p.ty, "shape") and all(hasattr(d, "value") for d in p.ty.shape)}
     sizes: dict[str, int] = {}
 
     def visit(blk):

@@ -1,0 +1,72 @@
+"""The Souffle passes inside tvm.transform.Sequential, next to TVM's own Relax passes."""
+
+import tvm
+from tvm import relax
+
+
+from souffle_tvm import passes, runner
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+
+
+def _build_and_check(mod, m):
+    ex = tvm.compile(mod, make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 4)
+    outs = runner.run_vm(ex, [p.numpy() for p in passes.params_of(mod)], runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    return runner.compare(m.outputs, outs, ref)
+
+
+def test_pipeline_composes_with_tvm_passes_and_builds():
+    m = import_onnx("bert", small=True)
+    seq = tvm.transform.Sequential([
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        passes.SoufflePipeline(make_target("llvm"), m.params),
+        relax.transform.DeadCodeElimination(),
+    ])
+    mod = seq(m.mod)
+    assert any(gv.name_hint.startswith("souffle_") for gv in mod.get_global_vars())
+    for c in _build_and_check(mod, m):
+        assert c.rel_l2 < 1e-5
+
+
+def test_each_pass_alone_and_disabled_by_name():
+    m = import_onnx("mmoe", small=True)
+    lowered = passes.LowerToTE(m.params)(m.mod)
+    assert "souffle.te_program" in lowered.attrs
+    after_h = passes.HorizontalFusion()(passes.FoldWeights()(lowered))
+    assert passes.info_of(after_h)["horizontal"].merged
+    with tvm.transform.PassContext(disabled_pass=["souffle.HorizontalFusion"]):
+        mod = passes.SoufflePipeline(make_target("llvm"), m.params)(m.mod)
+    assert "horizontal" not in passes.info_of(mod)
+    assert "vertical" in passes.info_of(mod)
+    for c in _build_and_check(mod, m):
+        assert c.rel_l2 < 1e-5
+
+
+def test_instruments_see_every_souffle_pass():
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class Record:
+        def run_before_pass(self, _mod, info):
+            seen.append(info.name)
+
+    m = import_onnx("mmoe", small=True)
+    with tvm.transform.PassContext(instruments=[Record()]):
+        passes.SoufflePipeline(make_target("llvm"), m.params)(m.mod)
+    for name in ("souffle.LowerToTE", "souffle.FoldWeights", "souffle.HorizontalFusion", "souffle.VerticalFusion",
+                 "souffle.PartitionAndEmit"):
+        assert name in seen
+
+
+def test_transform_without_lowering_is_a_clear_error():
+    import pytest
+
+
+
+    m = import_onnx("mmoe", small=True)
+    with pytest.raises(Exception, match="LowerToTE"):
+        passes.VerticalFusion()(m.mod)
+
