@@ -20,7 +20,7 @@ test-all: $(PY)
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
 bench: $(PY)
-	$(PY) python/bench_tvm_baseline.py
+	$(PY) python/bench_launches.py
 
 lint: $(PY)
 	$(PY) -m pyflakes souffle_tvm tests python 2>/dev/null || $(PY) -m compileall -q souffle_tvm tests python

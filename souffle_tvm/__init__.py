@@ -4,11 +4,11 @@
 """
 
 from .api import Compiled, compile
-from .errors import (DynamicShapeError, ModelLoadError, NotAvailableError, SouffleError, ToolchainError,
+from .errors import (DynamicShapeError, ModelLoadError, SouffleError, ToolchainError,
                      UnsupportedOperatorError)
 from .report import Report
 
 __version__ = "0.1.0"
 
 __all__ = ["compile", "Compiled", "Report", "SouffleError", "ModelLoadError", "UnsupportedOperatorError",
-           "DynamicShapeError", "ToolchainError", "NotAvailableError", "__version__"]
+           "DynamicShapeError", "ToolchainError", "__version__"]

@@ -27,7 +27,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
                    help="fix the shapes of dynamic model inputs")
     p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
-                   help="kernel fusion: TVM's rule-based FuseOps, or Souffle's resource-aware partitioner")
+                   help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
+    p.add_argument("--level", default="v2",
+                   help="souffle pipeline level: v0 no transforms, v1 + horizontal, v2 + vertical (default)")
 
 
 def _parse_shapes(text: str | None) -> dict | None:
@@ -125,7 +127,8 @@ def cmd_compile(args) -> int:
 
     t = time.perf_counter()
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
-                             dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc)
+                             dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
+                             level=args.level)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
@@ -174,7 +177,7 @@ def cmd_run(args) -> int:
         if feeds is not None and shapes is None:
             shapes = None  # static models: the arrays are checked against the model below
         compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
-                                 shapes=shapes)
+                                 shapes=shapes, level=args.level)
         executable, params = compiled.executable, compiled.model.params
         inputs, output_names, model = compiled.model.inputs, compiled.model.outputs, compiled.model.onnx_model
     feeds = feeds if feeds is not None else runner.random_inputs(inputs, args.seed)

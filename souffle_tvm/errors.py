@@ -19,7 +19,3 @@ class DynamicShapeError(SouffleError):
 
 class ToolchainError(SouffleError):
     """A required external tool (nvcc) is missing or failed."""
-
-
-class NotAvailableError(SouffleError):
-    """A requested feature exists in the interface but not yet in this build."""

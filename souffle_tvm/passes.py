@@ -41,6 +41,11 @@ def _store(mod: tvm.IRModule, prog, **info) -> tvm.IRModule:
     return mod.with_attr(PROGRAM, tvm_ffi.convert(prog)).with_attr(INFO, tvm_ffi.convert(merged))
 
 
+def with_program(mod: tvm.IRModule, prog: te_program.TEProgram) -> tvm.IRModule:
+    """Attach an already lowered TEProgram (what ``LowerToTE`` does)."""
+    return _store(mod, prog)
+
+
 def info_of(mod: tvm.IRModule) -> dict:
     """What the passes recorded: transform results, the partition."""
     return _info(mod)
@@ -154,8 +159,12 @@ LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion"],
                   "v1": ["souffle.VerticalFusion"], "v2": []}
 
 
-def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None) -> tvm.transform.Pass:  # noqa: N802
-    """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → PartitionAndEmit."""
-    return tvm.transform.Sequential(
-        [LowerToTE(params), FoldWeights(), HorizontalFusion(), VerticalFusion(), PartitionAndEmit(target)],
-        opt_level=0, name="souffle.Pipeline")
+def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
+                    lower: bool = True) -> tvm.transform.Pass:
+    """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → PartitionAndEmit.
+
+    ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
+    """
+    steps = [LowerToTE(params)] if lower else []
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), PartitionAndEmit(target)]
+    return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

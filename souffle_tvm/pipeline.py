@@ -32,8 +32,12 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params)."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
+    # Lowering runs first, outside the pass machinery, so a LoweringError reaches the caller
+    # as itself (exceptions crossing TVM's FFI come back as RuntimeError) and the caller can
+    # fall back to TVM's path; the transforms then run as the passes users compose.
+    mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
-        out = passes.SoufflePipeline(target, params)(mod)
+        out = passes.SoufflePipeline(target, params, lower=False)(mod)
     info = passes.info_of(out)
     clean = out.without_attr(passes.INFO).without_attr(passes.PARAMS)
     return SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),

@@ -51,8 +51,8 @@ def test_errors_exit_2_with_a_message(tmp_path):
     bad.write_bytes(b"\x08\x07\x12garbage")
     proc = cli("compile", str(bad), ok=(2,))
     assert proc.stderr.startswith("souffle-tvm: error:") and "Traceback" not in proc.stderr
-    proc = cli("compile", "mmoe", "--small", "--fusion", "souffle", ok=(2,))
-    assert "not available yet" in proc.stderr
+    proc = cli("compile", "mmoe", "--small", "--fusion", "souffle", "--level", "v9", ok=(2,))
+    assert "unknown level" in proc.stderr
     proc = cli("run", "mmoe", "--small", "--inputs", str(tmp_path / "none.npz"), ok=(2,))
     assert "none.npz" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli("compile", "mmoe", "--small", "--target", "vulkan", ok=(2,))
@@ -66,6 +66,18 @@ def test_compile_cuda_sm80_report(tmp_path):
     assert report["arch"] == "sm_80" and report["nvcc"]["available"]
     assert report["launches"] == sum(k["launches"] for k in report["kernels"])
     assert "launches/inference" in proc.stdout
+
+
+def test_souffle_compile_and_analyze(tmp_path):
+    proc = cli("compile", "bert", "--small", "--target", "cuda", "--fusion", "souffle", "--no-nvcc",
+               "--report", "s.json", cwd=tmp_path)
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["fusion"] == "souffle" and report["level"] == "v2" and report["groups"]
+    assert "boundaries" in proc.stdout
+    out = cli("analyze", "bert", "--small", "--json", "a.json", cwd=tmp_path).stdout
+    assert "reduction" in out and "vertical transform" in out
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert data["counts"]["reduction"] > 0 and data["vertical"]["inlined"]
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 
 from souffle_tvm import zoo
 from souffle_tvm.api import compile as compile_model
-from souffle_tvm.errors import DynamicShapeError, ModelLoadError, NotAvailableError, UnsupportedOperatorError
+from souffle_tvm.errors import DynamicShapeError, ModelLoadError, UnsupportedOperatorError
 from souffle_tvm.frontend import import_onnx
 
 
@@ -55,9 +55,26 @@ def test_dynamic_input_dimension():
     assert fixed.inputs[0].shape == (5, 3)
 
 
-def test_souffle_fusion_is_refused_clearly_not_faked():
-    with pytest.raises(NotAvailableError, match="--fusion souffle is not available yet"):
-        compile_model("mmoe", "llvm", "souffle", small=True)
+def test_unlowerable_model_falls_back_to_tvm_and_says_why(monkeypatch):
+    from conftest import run_and_compare
+    from souffle_tvm import te_program
+    from souffle_tvm.te_program import LoweringError
+
+    def refuse(*_a, **_k):
+        raise LoweringError("binding 'lv3': result 0 is not a tensor of static shape")
+
+    monkeypatch.setattr(te_program, "lower", refuse)
+    c = compile_model("mmoe", "llvm", "souffle", small=True)
+    assert c.report.fusion == "souffle" and "not a tensor of static shape" in c.report.fallback
+    assert not c.report.groups
+    assert "fallback to TVM's default path" in c.report.table()
+    for cmp in run_and_compare(c):
+        assert cmp.rel_l2 < 1e-5
+
+
+def test_unknown_level_is_refused():
+    with pytest.raises(ValueError, match="unknown level"):
+        compile_model("mmoe", "llvm", "souffle", small=True, level="v9")
 
 
 def test_bad_target_and_arch():

@@ -1,0 +1,82 @@
+"""Kernel launches per inference, `--fusion tvm` vs `--fusion souffle`, six zoo models, one run.
+
+Compiles each model with both fusions for CUDA (sm_90 by default; no GPU needed) and writes
+``results/launches-<date>.json`` and a Markdown table beside it. Compile times include ptxas
+unless ``--no-nvcc``. Absolute run times need a GPU; this script claims none.
+
+    .venv/bin/python python/bench_launches.py [--models bert lstm] [--arch sm_90] [--small] [--no-nvcc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import tvm
+
+from souffle_tvm import zoo
+from souffle_tvm.api import compile as compile_model
+
+FUSIONS = ("tvm", "souffle")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", default=zoo.names())
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--small", action="store_true", help="small variants (a quick smoke run)")
+    ap.add_argument("--no-nvcc", action="store_true", help="skip ptxas (faster; no register figures)")
+    ap.add_argument("--out", default="results")
+    args = ap.parse_args()
+
+    rows = []
+    total = len(args.models) * len(FUSIONS)
+    step = 0
+    for name in args.models:
+        dtype = zoo.MODELS[name].paper_dtype
+        row = {"model": name, "dtype": dtype}
+        for fusion in FUSIONS:
+            step += 1
+            print(f"[{step}/{total}] {name} ({dtype}) --fusion {fusion} ...", flush=True)
+            t = time.perf_counter()
+            c = compile_model(name, "cuda", fusion, arch=args.arch, small=args.small, dtype=dtype,
+                              nvcc=not args.no_nvcc)
+            r = c.report
+            row[fusion] = {"launches": r.launches, "distinct_kernels": r.distinct_kernels,
+                           "compile_seconds": r.compile_seconds, "total_seconds": round(time.perf_counter() - t, 2),
+                           "nvcc_seconds": r.nvcc.get("seconds"), "bytes": r.bytes, "flops": r.flops,
+                           "groups": len(r.groups) or None}
+            print(f"    launches {r.launches}, distinct kernels {r.distinct_kernels}, build {r.compile_seconds:.1f} s",
+                  flush=True)
+        row["launch_ratio"] = round(row["tvm"]["launches"] / max(row["souffle"]["launches"], 1), 2)
+        rows.append(row)
+
+    os.makedirs(args.out, exist_ok=True)
+    stamp = datetime.date.today().isoformat()
+    meta = {"date": stamp, "tvm": tvm.__version__, "target": f"cuda -arch={args.arch}", "small": args.small,
+            "souffle_level": "v2", "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only)"}
+    path = os.path.join(args.out, f"launches-{stamp}{'-small' if args.small else ''}.json")
+    with open(path, "w") as f:
+        json.dump({**meta, "models": rows}, f, indent=2)
+    lines = ["| model | dtype | launches tvm | launches souffle (V2) | ratio | distinct tvm | distinct souffle "
+             "| build s tvm | build s souffle |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, s = r["tvm"], r["souffle"]
+        lines.append(f"| {r['model']} | {r['dtype']} | {t['launches']} | {s['launches']} | {r['launch_ratio']}x | "
+                     f"{t['distinct_kernels']} | {s['distinct_kernels']} | {t['compile_seconds']:.1f} | "
+                     f"{s['compile_seconds']:.1f} |")
+    table = "\n".join(lines)
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(f"Kernel launches per inference, {meta['target']}, {stamp}, TVM {meta['tvm']}; "
+                f"souffle = V2 (transforms, one kernel per anchor group, no grid sync)\n\n{table}\n")
+    print(table)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
