@@ -23,7 +23,7 @@ bench: $(PY)
 	$(PY) python/bench_launches.py
 
 lint: $(PY)
-	$(PY) -m pyflakes souffle_tvm tests python 2>/dev/null || $(PY) -m compileall -q souffle_tvm tests python
+	$(PY) -m pyflakes souffle_tvm tests python
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -20,7 +20,7 @@ setup(
         "ml_dtypes==0.6.0",
     ],
     extras_require={
-        "test": ["pytest==9.2.0", "onnxruntime==1.32.0"],
+        "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0"],
         "bench": ["onnxruntime==1.32.0"],
     },
     entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import tvm
 
-from . import partition, passes, te_program
+from . import passes, te_program
+from .partition import Partition
 from .transforms.horizontal import HorizontalResult
 from .transforms.vertical import VerticalResult
 
@@ -24,7 +25,7 @@ class SouffleModule:
     program: te_program.TEProgram
     vertical: VerticalResult | None
     horizontal: HorizontalResult | None
-    partition: partition.Partition
+    partition: Partition
     params: list                   # weight arrays ``mod["main"]`` takes after the inputs
 
 

@@ -58,11 +58,15 @@ class TEProgram:
         """The weights' values in ``weights`` order (what the emitted ``main`` takes after inputs)."""
         return [self.weight_values[w.op] for w in self.weights]
 
-    def derive(self, outputs: list, opaque: list, weights: list | None = None, values: dict | None = None,
+    def derive(self, remap, weights: list | None = None, values: dict | None = None,
                op_of: dict | None = None) -> "TEProgram":
-        """A transformed program over the same inputs and constants."""
-        return TEProgram(self.inputs, list(self.weights if weights is None else weights), outputs,
-                         dict(self.constants), opaque, dict(self.op_of if op_of is None else op_of),
+        """The transformed program whose tensors are ``remap(old tensor)`` (outputs and the
+        inputs of opaque ops), over the same inputs and constants."""
+        opaque = [OpaqueStage(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
+                  for o in self.opaque]
+        return TEProgram(self.inputs, list(self.weights if weights is None else weights),
+                         [remap(t) for t in self.outputs], dict(self.constants), opaque,
+                         dict(self.op_of if op_of is None else op_of),
                          dict(self.weight_values if values is None else values))
 
     def stages(self) -> list[te.Tensor]:

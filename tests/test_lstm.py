@@ -1,7 +1,6 @@
 """The ONNX LSTM converter against onnxruntime: directions, batch, states, peepholes, layouts."""
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -71,10 +71,8 @@ def fold_weights(prog: TEProgram) -> FoldResult:
             return folded[key]
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
-    opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
-              for o in prog.opaque]
     values_map = {**prog.weight_values, **{ph.op: v for ph, v in zip(new_weights, values)}}
-    out = prog.derive([remap(t) for t in prog.outputs], opaque, list(prog.weights) + new_weights, values_map)
+    out = prog.derive(remap, list(prog.weights) + new_weights, values_map)
     used = {x.op for t in out.stages() for x in t.op.input_tensors} | {t.op for t in out.outputs}
     out.weights = [w for w in out.weights if w.op in used]
     return FoldResult(out, [t.op.name for t in frontier])

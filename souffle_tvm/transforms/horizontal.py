@@ -251,10 +251,7 @@ def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
             return te.compute(t.shape, lambda *i: ms.tensor(*_slot_index(ms, slot, list(i))), name=f"{t.op.name}_out")
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
-    opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
-              for o in prog.opaque]
-    out = prog.derive([remap(t) for t in prog.outputs], opaque, prog.weights + new_weights,
-                      {**prog.weight_values, **new_values})
+    out = prog.derive(remap, prog.weights + new_weights, {**prog.weight_values, **new_values})
     used = {x.op for t in out.stages() for x in t.op.input_tensors}
     out.weights = [w for w in out.weights if w.op in used]
     return out

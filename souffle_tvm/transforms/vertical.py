@@ -138,9 +138,7 @@ def vertical(prog: TEProgram) -> VerticalResult:
     def remap(t: te.Tensor) -> te.Tensor:
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
-    opaque = [type(o)(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
-              for o in prog.opaque]
     op_of = {n.op: prog.op_of.get(old, "?") for old, news in new_of.items() for n in news}
-    out = prog.derive([remap(t) for t in prog.outputs], opaque, op_of=op_of)
+    out = prog.derive(remap, op_of=op_of)
     result.program = out
     return result

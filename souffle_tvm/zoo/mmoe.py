@@ -32,7 +32,7 @@ def build(c: MMoEConfig, dtype: str = "float32", seed: int = 0):
         mixed = g.op("ReduceSum", [g.op("Mul", [stacked, g.op("Unsqueeze", [gate, g.ints([2])])]),
                                    g.ints([1])], keepdims=0)
         hidden = g.op("Relu", [g.gemm(mixed, c.units, c.tower)])
-        y = g.op("Sigmoid", [g.gemm(hidden, c.tower, 1)])
+        g.op("Sigmoid", [g.gemm(hidden, c.tower, 1)])
         g.nodes[-1].output[0] = f"task{t}"
         g.output(f"task{t}", [c.batch, 1])
     return g.model(f"MMoE {c}")
