@@ -32,19 +32,51 @@ class Scheduled:
 RANK = {"Matmul": 3, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
-def _rules():
+def _rules(block_size: int | None):
     from tvm.s_tir import dlight as dl
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    if block_size is None:
+        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    # One block size for every stage of a stitched kernel: rules whose thread count is fixed
+    # by the rule itself (GEMV, Reduction) are left out.
+    if block_size != 256:
+        raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
+    return [_Matmul256(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
-def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target) -> Scheduled:
-    """Schedule ``func`` for ``target`` with the first dlight rule that applies."""
+def _matmul256_class():
+    from tvm.s_tir import dlight as dl
+
+    class Matmul256(dl.gpu.Matmul):
+        """dlight's GEMM schedule with a 16x16 thread block (dlight's own CUDA choice is 8x16)."""
+
+        def get_configs(self, target):
+            config = super().get_configs(target)
+            config.block_size_x = 16
+            return config
+
+    return Matmul256
+
+
+def _Matmul256():  # noqa: N802
+    return _matmul256_class()()
+
+
+def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: int | None = None) -> Scheduled:
+    """Schedule ``func`` for ``target`` with the first dlight rule that applies.
+
+    ``block_size`` forces every rule to use that many threads per block (stitched kernels).
+    """
     if not is_cuda(target):
         return Scheduled(func, "none")
+    if block_size is not None:
+        attrs = dict(target.attrs)
+        attrs.update({"kind": "cuda", "max_num_threads": block_size, "max_threads_per_block": block_size})
+        attrs.pop("keys", None)
+        target = tvm.target.Target(attrs)
     failures = []
     with target:
-        for rule in _rules():
+        for rule in _rules(block_size):
             try:
                 sch = rule.apply(func, target, False)
             except Exception as err:  # noqa: BLE001 - a rule's assertion means "does not apply here"
@@ -56,5 +88,6 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target) -> Scheduled:
             if isinstance(sch, list):
                 sch = sch[0]
             out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-            return Scheduled(out, type(rule).__name__, "; ".join(failures))
+            name = type(rule).__name__.replace("Matmul256", "Matmul")
+            return Scheduled(out, name, "; ".join(failures))
     raise ScheduleError("no dlight rule schedules it: " + "; ".join(failures))
