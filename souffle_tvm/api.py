@@ -91,7 +91,8 @@ def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | No
             kernels.append(KernelReport(
                 k.name, pf, k.grid, k.block, r.registers if r else None,
                 (r.shared_bytes if r else 0) + k.dyn_shared_bytes if (r or not res) else None,
-                r.spill_bytes if r else None, calls, _kernel_bytes(k, result.footprints.get(pf, {})), fl))
+                r.spill_bytes if r else None, calls, _kernel_bytes(k, result.footprints.get(pf, {})), fl,
+                cooperative=k.cooperative))
     distinct = len({k.name for k in result.kernels})
     return _totals(name, describe(target).split()[0], arch, kernels, distinct, result.seconds,
                    {"available": res is not None, "seconds": round(t_nvcc, 3), "note": nvcc_note})
@@ -113,6 +114,34 @@ def _totals(name, target, arch, kernels, distinct, seconds, nvcc) -> Report:
                   compile_seconds=round(seconds, 3),
                   bytes=sum(k.launches * k.bytes for k in kernels),
                   flops=sum(k.launches * k.flops for k in kernels), nvcc=nvcc, kernels=kernels)
+
+
+def _stitched_stats(result: build_tvm.BuildResult, souffle) -> None:
+    """A stitched kernel does its stages' work and moves their traffic (intermediates included:
+    without two-phase reductions they still pass through global memory)."""
+    for k in souffle.stitched:
+        result.flops[k.name] = {f"{st}:{b}": f for st in k.stages for b, f in result.flops.get(st, {}).items()}
+        result.footprints[k.name] = {}
+        for st in k.stages:
+            for b, v in result.footprints.get(st, {}).items():
+                result.footprints[k.name][b] = result.footprints[k.name].get(b, 0) + v
+
+
+def _check_coresidency(report: Report, arch: str) -> None:
+    """A cooperative grid must fit on the GPU at once, or grid.sync() deadlocks: refuse the build."""
+    from .hardware import for_arch, occupancy
+    from .stitch import StitchError
+
+    gpu = for_arch(arch)
+    for k in report.kernels:
+        if not k.cooperative or k.registers is None:
+            continue
+        occ = occupancy(gpu, k.block[0] * k.block[1] * k.block[2], k.registers, k.shared_bytes or 0)
+        k.max_coresident = occ.max_coresident(gpu)
+        blocks = k.grid[0] * k.grid[1] * k.grid[2]
+        if blocks > k.max_coresident:
+            raise StitchError(f"{k.name}: a grid of {blocks} blocks cannot be co-resident on {gpu.name} "
+                              f"(at most {k.max_coresident}: {occ.blocks_per_sm}/SM, limited by {occ.limited_by})")
 
 
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
@@ -138,6 +167,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             fallback = str(err)   # documented: the whole model then builds through TVM's path
     if souffle is not None:
         result = build_tvm.build(souffle.mod, tgt, stats_from=souffle.unscheduled)
+        _stitched_stats(result, souffle)
         imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
     else:
         result = build_tvm.build(imported.mod, tgt)
@@ -148,10 +178,20 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     else:
         src, report = None, _cpu_report(imported.name, result)
     report.fusion = fusion
+    if is_cuda(tgt):
+        _check_coresidency(report, str(tgt.attrs["arch"]))
     if fusion == "souffle":
         report.fallback = fallback
         if souffle is not None:
             report.level = level
             report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name],
                               "reason": g.reason} for g in souffle.partition.groups]
+            report.subprograms = [{"groups": [souffle.partition.groups[i].name for i in idx], "reason": why}
+                                  for idx, why in souffle.subprograms]
+            for kr in report.kernels:
+                sk = next((k for k in souffle.stitched if k.name == kr.primfunc), None)
+                if sk is not None:
+                    kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
+                    kr.bytes = sum(result.footprints[sk.name].values())
+                    kr.flops = sum(result.flops[sk.name].values())
     return Compiled(imported, tgt, result.executable, report, src)

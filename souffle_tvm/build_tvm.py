@@ -32,6 +32,7 @@ class DeviceKernel:
     global_buffers: dict[str, int]
     stored: set[str]
     dyn_shared_bytes: int = 0
+    cooperative: bool = False
 
 
 @dataclass
@@ -83,13 +84,17 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         primfunc = name.split("_kernel")[0] if "_kernel" in name else name
         _recording[-1].append(DeviceKernel(
             name, primfunc, grid, block, tir_stats.kernel_global_buffers(func),
-            tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func)))
+            tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func),
+            "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])))
     return mod
 
 
 def _recording_pipeline():
+    from .stitch import attach_cooperative_launch
+
     pipeline, host, device = default_s_tir_pipeline()
-    return tvm.transform.Sequential([pipeline, record_device_kernels]), host, device
+    # Kernels without a grid sync are left untouched by attach_cooperative_launch.
+    return tvm.transform.Sequential([pipeline, attach_cooperative_launch, record_device_kernels]), host, device
 
 
 tirx.register_tir_pipeline("souffle_tvm.recorded", _recording_pipeline)

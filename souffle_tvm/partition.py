@@ -180,3 +180,33 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
     if fits is not None:
         groups = _split_until_fits(prog, groups, fits)
     return Partition(groups)
+
+
+def subprograms_by_normalization(groups: list[Group], readers: dict,
+                                 stitchable: Callable[[int], "str | None"] = lambda i: None) -> list[tuple[list[int], str]]:
+    """The interim rule for V3 (the resource-aware partitioner replaces it): cut after every
+    normalisation-like group — several reductions over the same rows whose result is read by
+    two or more later groups (a LayerNorm feeding a GEMM and a residual) — at opaque ops, and
+    around a group that cannot be stitched (``stitchable(i)`` returns why).
+
+    Returns (group indices, reason for the cut that ends the subprogram).
+    """
+    out, current = [], []
+    owner = {m.op: i for i, g in enumerate(groups) for m in g.members}
+    for i, g in enumerate(groups):
+        why = f"opaque op ({g.opaque.reason})" if g.opaque is not None else stitchable(i)
+        if why is not None:
+            if current:
+                out.append((current, f"next group is not stitchable: {why}"))
+            out.append(([i], f"not stitchable: {why}"))
+            current = []
+            continue
+        current.append(i)
+        reductions = sum(1 for m in g.members if analysis.classify(m.op)[0] == analysis.REDUCTION)
+        consumers = {owner.get(r) for m in g.members for r in readers.get(m.op, ()) if r is not None} - {i}
+        if reductions >= 2 and len(consumers) >= 2:
+            out.append((current, f"after normalisation {g.name} (interim rule: one block per subprogram)"))
+            current = []
+    if current:
+        out.append((current, "end of model"))
+    return out

@@ -104,13 +104,14 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
 class PartitionAndEmit:
     """Draw kernel boundaries (with schedule feedback on CUDA) and emit one PrimFunc per group."""
 
-    def __init__(self, target: tvm.target.Target | None = None):
+    def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None):
         self.target = target
+        self.block_size = block_size
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or tvm.target.Target.current(allow_none=True) or tvm.target.Target({"kind": "llvm"})
         prog = _program(mod)
-        scheduled = _ScheduleCache(target)
+        scheduled = _ScheduleCache(target, self.block_size)
         part = partition.partition_v2(prog, fits=scheduled.fits)
         out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
         info = {**_info(mod), "partition": part, "program": prog,
@@ -122,8 +123,9 @@ class PartitionAndEmit:
 class _ScheduleCache:
     """Each structurally distinct group PrimFunc is scheduled once."""
 
-    def __init__(self, target):
+    def __init__(self, target, block_size: int | None = None):
         self.target = target
+        self.block_size = block_size
         self.cache: dict = {}
 
     def __call__(self, func) -> schedule.Scheduled:
@@ -131,7 +133,7 @@ class _ScheduleCache:
         for seen, done in bucket:
             if tvm_ffi.structural_equal(seen, func):
                 return done
-        done = schedule.schedule_group(func, self.target)
+        done = schedule.schedule_group(func, self.target, self.block_size)
         bucket.append((func, done))
         return done
 
@@ -156,15 +158,15 @@ class _ScheduleCache:
 
 
 LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion"],
-                  "v1": ["souffle.VerticalFusion"], "v2": []}
+                  "v1": ["souffle.VerticalFusion"], "v2": [], "v3": []}
 
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
-                    lower: bool = True) -> tvm.transform.Pass:
+                    lower: bool = True, block_size: int | None = None) -> tvm.transform.Pass:
     """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → PartitionAndEmit.
 
     ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
     """
     steps = [LowerToTE(params)] if lower else []
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), PartitionAndEmit(target)]
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), PartitionAndEmit(target, block_size)]
     return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

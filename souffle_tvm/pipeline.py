@@ -1,17 +1,20 @@
 """The Souffle pipeline driver: the passes of ``passes.py`` run in order, results collected.
 
 ``level`` selects the paper's ablation level by turning passes off by name:
-v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, no grid sync).
+v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, no grid sync),
+v3 + stitching: each subprogram of groups becomes ONE cooperative kernel with grid syncs
+(CUDA only; on llvm, the CPU twin, v3 builds the same groups as loop nests).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 
-from . import passes, te_program
+from . import partition, passes, te_program
 from .partition import Partition
+from .targets import is_cuda
 from .transforms.horizontal import HorizontalResult
 from .transforms.vertical import VerticalResult
 
@@ -27,6 +30,11 @@ class SouffleModule:
     horizontal: HorizontalResult | None
     partition: Partition
     params: list                   # weight arrays ``mod["main"]`` takes after the inputs
+    stitched: list = field(default_factory=list)      # StitchedKernel per cooperative kernel
+    subprograms: list = field(default_factory=list)   # (group indices, reason for the cut)
+
+
+STITCH_BLOCK = 256  # one block size for every stage of a stitched kernel
 
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2") -> SouffleModule:
@@ -37,9 +45,43 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     # as itself (exceptions crossing TVM's FFI come back as RuntimeError) and the caller can
     # fall back to TVM's path; the transforms then run as the passes users compose.
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
+    stitching = level == "v3" and is_cuda(target)
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
-        out = passes.SoufflePipeline(target, params, lower=False)(mod)
+        out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None)(mod)
     info = passes.info_of(out)
     clean = out.without_attr(passes.INFO).without_attr(passes.PARAMS)
-    return SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),
-                         info.get("horizontal"), info["partition"], [p.numpy() for p in passes.params_of(out)])
+    result = SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),
+                           info.get("horizontal"), info["partition"], [p.numpy() for p in passes.params_of(out)])
+    if stitching:
+        _stitch(result, target)
+    return result
+
+
+def _stitch(result: SouffleModule, target: tvm.target.Target) -> None:
+    """Group the partition's kernels into subprograms and stitch each into one kernel."""
+    from . import hardware, stitch
+
+    groups = result.partition.groups
+    call_index, n = {}, 0
+    for i, g in enumerate(groups):
+        if g.opaque is None:
+            call_index[i] = n
+            n += 1
+    calls = [b.value for blk in result.mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
+
+    def stitchable(i: int) -> str | None:
+        try:   # a stage with several launch regions stitches as several stages
+            stitch.lower_stage("probe", result.mod[calls[call_index[i]].args[0]], target)
+        except stitch.StitchError as err:
+            return str(err)
+        return None
+
+    subs = partition.subprograms_by_normalization(groups, partition._readers(result.program), stitchable)
+    gpu = hardware.for_arch(str(target.attrs["arch"]))
+    # One block per SM is co-resident for any kernel that launches at all (256 threads, static
+    # shared memory): the measured occupancy is checked again after ptxas.
+    result.mod, result.stitched = stitch.stitch_module(
+        result.mod, target, [[call_index[i] for i in idx if i in call_index] for idx, _ in subs],
+        grid=gpu.sms, block=STITCH_BLOCK, coresident=gpu.sms)
+    result.subprograms = subs

@@ -14,11 +14,14 @@ nvcc               {available, seconds, note}: whether resource figures come fro
 level              souffle only: the pipeline level (v0 none, v1 + horizontal, v2 + vertical)
 groups[]           souffle only: per kernel group its name, members, and ``reason`` (why a
                    boundary was drawn before it); ``fallback`` says why TVM's path was used
+subprograms[]      v3 only: the groups stitched into one cooperative kernel, and ``reason``
+                   (why the subprogram ends where it does)
 kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
                    (static from ptxas + dynamic from TIR), spill_bytes, launches (per
                    inference), bytes (compulsory global traffic of one launch: the sizes of the
                    global buffers it touches), flops (useful float ops of one launch, counted on
-                   the unscheduled TIR, padding excluded)
+                   the unscheduled TIR, padding excluded); stitched kernels (v3) also
+                   carry ``stages``, ``grid_syncs`` and ``cooperative``
 =================  ==========================================================================
 """
 
@@ -42,6 +45,10 @@ class KernelReport:
     launches: int
     bytes: int
     flops: int
+    stages: list[str] | None = None      # stitched kernels: the stages it runs, in order
+    grid_syncs: int | None = None        # stitched kernels: grid-wide barriers per launch
+    cooperative: bool = False            # launched with cudaLaunchCooperativeKernel semantics
+    max_coresident: int | None = None    # cooperative kernels: blocks that fit at once (ptxas + occupancy)
 
 
 @dataclass
@@ -59,6 +66,7 @@ class Report:
     kernels: list[KernelReport] = field(default_factory=list)
     level: str | None = None
     groups: list[dict] = field(default_factory=list)
+    subprograms: list[dict] = field(default_factory=list)
     fallback: str | None = None
     schema_version: int = SCHEMA_VERSION
 
@@ -106,6 +114,13 @@ class Report:
                 reasons[key] = reasons.get(key, 0) + 1
             lines.append(f"\nboundaries ({len(self.groups)} groups, level {self.level}):")
             lines += [f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+        if self.subprograms:
+            cuts: dict[str, int] = {}
+            for sp in self.subprograms:
+                key = sp["reason"].split(":")[0].split("(")[0].strip()
+                cuts[key] = cuts.get(key, 0) + 1
+            lines.append(f"subprograms ({len(self.subprograms)}, each one kernel when stitchable) end because:")
+            lines += [f"  {n:>4} x {r}" for r, n in sorted(cuts.items(), key=lambda x: -x[1])]
         return "\n".join(lines)
 
 

@@ -55,12 +55,23 @@ class LoweredStage:
         return math.prod(e for _, e in self.threads.values())
 
 
-def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> LoweredStage:
+def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> list[LoweredStage]:
+    """Lower one scheduled PrimFunc; one LoweredStage per launch region it contains."""
+    # Fresh variables per use: a PrimFunc called twice in one subprogram (TVM deduplicates
+    # identical stages) must not declare the same buffers twice in the stitched kernel.
+    func = s_tir.renew_defs(func)
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
     mod = tirx.transform.BindTarget(target)(mod)
     with target:
         low = tvm.transform.Sequential(_prefix_passes())(mod)[name]
-    node, blocks, threads, unit = low.body, {}, {}, {}
+    regions = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
+    if not all(isinstance(r, tirx.AttrStmt) and r.attr_key == "thread_extent" for r in regions):
+        raise StitchError(f"{name}: statements outside its launch regions (a global intermediate between kernels)")
+    return [_peel(f"{name}.{k}" if len(regions) > 1 else name, list(low.params), r) for k, r in enumerate(regions)]
+
+
+def _peel(name: str, params: list, node) -> LoweredStage:
+    blocks, threads, unit = {}, {}, {}
     while isinstance(node, tirx.AttrStmt) and node.attr_key in ("thread_extent", "virtual_thread"):
         tag = node.node.thread_tag
         ext = int(node.value.value) if hasattr(node.value, "value") else None
@@ -76,7 +87,7 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> Lo
     _check_no_more_launches(name, node)
     if unit:   # a virtual thread of extent 1 is index 0
         node = tvm_ffi.structural_map(node, (tirx.Var, lambda v: unit.get(v, v)))
-    return LoweredStage(name, list(low.params), node, blocks, threads)
+    return LoweredStage(name, params, node, blocks, threads)
 
 
 def _check_no_more_launches(name, body) -> None:
@@ -112,22 +123,20 @@ def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
-           target: tvm.target.Target | None = None) -> tuple[tirx.PrimFunc, list[bool]]:
+           target: tvm.target.Target | None = None, param_keys: list | None = None) -> tuple[tirx.PrimFunc, list[bool]]:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
-    stages that share a key share a buffer. Returns the function (parameters in first-use
-    order of the keys) and, per stage, whether a grid sync precedes it.
+    stages that share a key share a buffer. Parameters follow ``param_keys`` (default: first
+    use). Returns the function and, per stage, whether a grid sync precedes it.
     """
     param_of: dict = {}
-    params: list = []
     for st, keys in zip(stages, args):
         for p, k in zip(st.params, keys):
-            if k not in param_of:
-                param_of[k] = p
-                params.append(p)
-    bid = tirx.Var("blockIdx_x", "int32")
-    tid = tirx.Var("threadIdx_x", "int32")
+            param_of.setdefault(k, p)
+    params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)]
+    bid = tirx.Var("blockIdx_x", "int64")
+    tid = tirx.Var("threadIdx_x", "int64")
     seq, syncs, written = [], [], set()
     for i, (st, keys) in enumerate(zip(stages, args)):
         if st.num_threads > block:
@@ -144,9 +153,9 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         written |= {k for w, k in zip(wrote, keys) if w}
         if st.num_threads < block and _has_barrier(body):
             raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
-        it = tirx.Var(f"it{i}", "int32")
+        it = tirx.Var(f"it{i}", "int64")
         nblk = st.num_blocks
-        vb = it * grid + bid
+        vb = it * tirx.const(grid, "int64") + bid
         order = [st.blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in st.blocks]
         tord = [st.threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in st.threads]
         for var, val in _decompose(vb, order).items():
@@ -154,13 +163,17 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for var, val in _decompose(tid, tord).items():
             vmap[var] = _cast(val, var)
         stmt = tvm_ffi.structural_map(body, (tirx.Var, lambda v: vmap.get(v, v)))
+        i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
         if st.num_threads < block:     # barrier-free stage narrower than the kernel
-            stmt = tirx.IfThenElse(tid < st.num_threads, stmt, None)
-        trip = tirx.floordiv(nblk - bid + (grid - 1), grid)
-        seq.append(tirx.For(it, 0, trip, tirx.ForKind.SERIAL, stmt))
+            stmt = tirx.IfThenElse(tid < i64(st.num_threads), stmt, None)
+        trip = tirx.floordiv(i64(nblk) - bid + i64(grid - 1), i64(grid))
+        seq.append(tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt))
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
-    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, block), tid, 1, "threadIdx.x"), "thread_extent", block, body)
-    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(0, grid), bid, 1, "blockIdx.x"), "thread_extent", grid, body)
+    b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
+    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
+                         "thread_extent", b64, body)
+    body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), g64), bid, 1, "blockIdx.x"),
+                         "thread_extent", g64, body)
     attrs = {"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8}
     if target is not None:
         attrs["target"] = target
@@ -207,3 +220,235 @@ def attach_cooperative_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tags.insert(pos, "tirx.use_cooperative_launch")
         mod[gv] = f.with_attr("tirx.kernel_launch_params", tags)
     return mod
+
+
+# -- static safety check ---------------------------------------------------------------------------
+@dataclass
+class SafetyReport:
+    stages: int
+    grid_syncs: int
+    grid: int
+    max_coresident: int | None
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _stage_loops(func: tirx.PrimFunc) -> list:
+    """The stitched body's top-level sequence below the launch attributes."""
+    node = func.body
+    while isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+        node = node.body
+    return list(node.seq) if isinstance(node, tirx.SeqStmt) else [node]
+
+
+def _is_grid_sync(stmt) -> bool:
+    return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
+            and getattr(stmt.value.op, "name", "") == "tirx.cuda.grid_sync")
+
+
+def _launch_vars(func) -> set:
+    names = set()
+    tvm_ffi.structural_walk(func.body, (tirx.AttrStmt, lambda a: names.add(a.node.var.name)
+                                        if a.attr_key == "thread_extent" else None))
+    return names
+
+
+def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyReport:
+    """Prove the stitched kernel safe, or say what is wrong.
+
+    1. every stage that reads a buffer an earlier stage wrote has a grid sync in between;
+    2. no barrier (grid sync, __syncthreads, cross-thread reduction) sits under a condition
+       that depends on the thread or block index (some threads would never arrive);
+    3. the grid fits the co-resident limit (when it is known).
+    """
+    problems = []
+    params = list(func.params)
+    written_since_sync: dict = {}
+    stages = syncs = 0
+    for stmt in _stage_loops(func):
+        if _is_grid_sync(stmt):
+            syncs += 1
+            written_since_sync = {}
+            continue
+        stages += 1
+        loads, stores = [], []
+        tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
+                                       (tirx.BufferStore, lambda x: stores.append(x.buffer))])
+        for p in params:
+            if any(b.same_as(p) for b in loads) and p.name in written_since_sync and \
+                    any(w.same_as(p) for w in written_since_sync[p.name]):
+                problems.append(f"stage {stages} reads {p.name}, written by an earlier stage with no grid sync between")
+        for p in params:
+            if any(b.same_as(p) for b in stores):
+                written_since_sync.setdefault(p.name, []).append(p)
+    launch = _launch_vars(func)
+
+    def guarded(node):
+        cond_vars = set()
+        tvm_ffi.structural_walk(node.condition, (tirx.Var, lambda v: cond_vars.add(v.name)))
+        if not (cond_vars & launch):
+            return
+        barriers = []
+        for branch in (node.then_case, node.else_case):
+            if branch is not None:
+                tvm_ffi.structural_walk(branch, (tvm.ir.Call, lambda c: barriers.append(c.op.name) if getattr(
+                    c.op, "name", "") in ("tirx.cuda.grid_sync", "tirx.tvm_storage_sync",
+                                          "tirx.tvm_thread_allreduce") else None))
+        if barriers:
+            problems.append(f"barrier {barriers[0]} under a condition on {sorted(cond_vars & launch)}")
+
+    tvm_ffi.structural_walk(func.body, (tirx.IfThenElse, guarded))
+    if max_coresident is not None and grid > max_coresident:
+        problems.append(f"grid of {grid} blocks exceeds the {max_coresident} that can be co-resident; "
+                        "grid.sync() would deadlock")
+    return SafetyReport(stages, syncs, grid, max_coresident, problems)
+
+
+# -- Relax integration -----------------------------------------------------------------------------
+@dataclass
+class StitchedKernel:
+    name: str
+    stages: list[str]
+    grid_syncs: int
+    grid: int
+    safety: SafetyReport | None = None
+    refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
+
+
+def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
+                  block: int = 256, coresident: int | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+    """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
+
+    ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
+    bindings. The stage PrimFuncs must be scheduled with ``block`` threads. Intermediates
+    become extra outputs of the stitched call (global buffers the VM allocates).
+    """
+    from tvm import relax
+
+    main = mod["main"]
+    bindings = [b for blk in main.body.blocks for b in blk.bindings]
+    call_pos = [i for i, b in enumerate(bindings)
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
+    member_of = {}
+    for k, sp in enumerate(subprograms):
+        if len(sp) > 1:
+            for j in sp:
+                member_of[call_pos[j]] = k
+    kernels: list[StitchedKernel] = []
+    # Subprograms that cannot be stitched (a stage with several launches, a non-static grid...)
+    # keep their separate kernels; the reason is recorded, never an error.
+    refused = {}
+    for k, sp in enumerate(subprograms):
+        if len(sp) > 1:
+            try:
+                for j in sp:
+                    b = bindings[call_pos[j]]
+                    lower_stage(b.value.args[0].name_hint, mod[b.value.args[0]], target)  # raises if it cannot
+            except StitchError as err:
+                refused[k] = str(err)
+                kernels.append(StitchedKernel(f"souffle_stitched_{k}", [], 0, 0, refused=str(err)))
+    stitched_calls = [bindings[call_pos[j]] for k, sp in enumerate(subprograms)
+                      if len(sp) > 1 and k not in refused for j in sp]
+    stitched_vars = {b.var for b in stitched_calls}
+    alias_positions = {i for i, b in enumerate(bindings)
+                       if b.var in _aliases(bindings, stitched_calls) and b.var not in stitched_vars}
+    ctx = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    bb = relax.BlockBuilder(ctx)
+    with bb.function("main", list(main.params), attrs={k: v for k, v in main.attrs.items() if k != "global_symbol"}):
+        with bb.dataflow():
+            env: dict = {}
+            done = set()
+            for i, b in enumerate(bindings):
+                if i in member_of and member_of[i] not in refused:
+                    k = member_of[i]
+                    if k not in done:
+                        done.add(k)
+                        calls = [bindings[call_pos[j]] for j in subprograms[k]]
+                        kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls),
+                                                      env, grid, block, coresident, f"souffle_stitched_{k}"))
+                    continue
+                if i in alias_positions:      # a field of a stitched call: already bound by the stitch
+                    continue
+                env[b.var] = bb.emit(_remap(b.value, env))
+            out = bb.emit_output(_remap(main.body.body, env))
+        bb.emit_func_output(out)
+    return bb.get(), kernels
+
+
+def _remap(expr, env):
+    from tvm import relax
+
+    if isinstance(expr, relax.Var):
+        return env.get(expr, expr)
+    return tvm_ffi.structural_map(expr, (relax.Var, lambda v: env.get(v, v)))
+
+
+def _aliases(bindings, calls) -> dict:
+    """``v = t[i]`` bindings whose ``t`` is one of ``calls``: v stands for (position, i)."""
+    from tvm import relax
+
+    pos = {}
+    out = {}
+    for p, b in enumerate(calls):
+        pos[b.var] = p
+        if not isinstance(b.var.ty, relax.TupleType):
+            out[b.var] = ("out", p, 0)    # a single-output call stands for its only field
+    for b in bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in pos:
+            out[b.var] = ("out", pos[b.value.tuple_value], b.value.index)
+    return out
+
+
+def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident, name) -> StitchedKernel:
+    from tvm import relax
+
+    # Keys: a produced tensor is (binding position, field); an input is its Relax expression.
+    produced, types = [], []
+    stages, args = [], []
+    for pos, b in enumerate(calls):
+        gv, fargs = b.value.args[0], list(b.value.args[1].fields)
+        fields = list(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else [b.var.ty]
+        outs = [("out", pos, i) for i in range(len(fields))]
+        produced += outs
+        types += fields
+        ins = [aliases.get(a, a) if isinstance(a, relax.Var) else a for a in fargs]
+        for st in lower_stage(gv.name_hint, mod[gv], target):
+            stages.append(st)
+            args.append(ins + outs)
+    inputs = []
+    for a in (x for fa in args for x in fa if not isinstance(x, tuple)):
+        if not any(a.same_as(x) for x in inputs):
+            inputs.append(a)
+    keys = [_Key(x) for x in inputs] + produced
+    func, syncs = stitch(stages, [[_Key(x) if not isinstance(x, tuple) else x for x in fa] for fa in args],
+                         grid, block, name=name, target=target, param_keys=keys)
+    safety = check(func, grid, coresident)
+    if not safety.ok:
+        raise StitchError(f"{name}: unsafe stitched kernel: {'; '.join(safety.problems)}")
+    gv = bb.add_func(func.without_attr("global_symbol"), name)
+    sinfo = [relax.TensorType([int(d) for d in t.shape], t.dtype) for t in types]
+    call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
+    items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced)}
+    for pos, b in enumerate(calls):
+        outs = [items[k] for k in produced if k[1] == pos]
+        env[b.var] = outs[0] if not isinstance(b.var.ty, relax.TupleType) else bb.emit(relax.Tuple(outs))
+        for alias, key in aliases.items():
+            if isinstance(key, tuple) and key[1] == pos:
+                env[alias] = items[key]
+    return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety)
+
+
+class _Key:
+    """A Relax expression as a dict key (identity; Relax overloads nothing, but be explicit)."""
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    def __eq__(self, other):
+        return isinstance(other, _Key) and self.expr.same_as(other.expr)

@@ -1,0 +1,117 @@
+"""V3: subprograms stitched into ONE cooperative kernel with grid syncs; the static safety check."""
+
+import re
+
+import pytest
+
+from tvm import tirx
+
+from conftest import ZOO, needs_nvcc, run_and_compare
+from souffle_tvm import hardware, pipeline, stitch
+from souffle_tvm.api import compile as compile_model
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+
+
+@pytest.fixture(scope="module")
+def bert_v3():
+    m = import_onnx("bert", small=True)
+    return pipeline.run(m.mod, make_target("cuda"), m.params, level="v3")
+
+
+def test_bert_attention_block_is_one_kernel(bert_v3):
+    # 2 layers x (attention block, FFN block): 4 cooperative kernels
+    assert len(bert_v3.stitched) == 4 and not any(k.refused for k in bert_v3.stitched)
+    attention = bert_v3.stitched[0]
+    assert len(attention.stages) == 6            # QKV GEMM, QK^T, softmax, PV, out-proj, residual + LayerNorm
+    assert attention.grid_syncs == 5 and attention.safety.ok
+    funcs = [f for gv, f in bert_v3.mod.functions.items() if gv.name_hint.startswith("souffle_stitched")]
+    assert len(funcs) >= 2
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_bert_v3_compiles_with_nvcc_and_fits(arch, tmp_path):
+    c = compile_model("bert", "cuda", "souffle", small=True, arch=arch, level="v3")
+    r = c.report
+    assert r.launches == 4 and r.distinct_kernels == 4
+    assert len(re.findall(r"__global__[^;{]*\{", c.cuda_source)) == 4
+    gpu = hardware.for_arch(arch)
+    for k in r.kernels:
+        assert k.cooperative and k.grid == [gpu.sms, 1, 1] and k.block == [256, 1, 1]
+        assert k.spill_bytes == 0 and k.max_coresident >= gpu.sms
+    c.export_library(str(tmp_path / "b.so"))
+    assert b"tirx.use_cooperative_launch" in (tmp_path / "b.so").read_bytes()
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_every_small_model_v3_builds_with_fewer_launches(name):
+    v2 = compile_model(name, "cuda", "souffle", small=True, level="v2", nvcc=False).report
+    v3 = compile_model(name, "cuda", "souffle", small=True, level="v3", nvcc=False).report
+    assert v3.launches < v2.launches
+    assert v3.subprograms and all(sp["reason"] for sp in v3.subprograms)
+
+
+@pytest.mark.parametrize("name", ["lstm", "mmoe"])
+def test_paper_single_kernel_models(name):
+    assert compile_model(name, "cuda", "souffle", small=True, level="v3", nvcc=False).report.launches == 1
+
+
+def test_v3_cpu_twin_matches():
+    c = compile_model("bert", "llvm", "souffle", small=True, level="v3")
+    for cmp in run_and_compare(c):
+        assert cmp.rel_l2 < 1e-5
+
+
+def _rebuild(func, seq):
+    node, attrs = func.body, []
+    while isinstance(node, tirx.AttrStmt):
+        attrs.append(node)
+        node = node.body
+    body = tirx.SeqStmt(seq)
+    for a in reversed(attrs):
+        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
+    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+
+
+def _stitched_func(bert_v3):
+    return next(f for gv, f in bert_v3.mod.functions.items() if gv.name_hint == "souffle_stitched_0")
+
+
+def test_static_check_catches_a_removed_sync(bert_v3):
+    func = _stitched_func(bert_v3)
+    assert stitch.check(func, 132, 528).ok
+    seq = stitch._stage_loops(func)
+    first_sync = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    broken = _rebuild(func, seq[:first_sync] + seq[first_sync + 1:])
+    problems = stitch.check(broken, 132, 528).problems
+    assert problems and "no grid sync" in problems[0]
+
+
+def test_static_check_catches_an_oversized_grid(bert_v3):
+    problems = stitch.check(_stitched_func(bert_v3), 1000, 528).problems
+    assert problems and "co-resident" in problems[0]
+
+
+def test_static_check_catches_a_guarded_barrier(bert_v3):
+    func = _stitched_func(bert_v3)
+    seq = stitch._stage_loops(func)
+    tid = next(a.node.var for a in [func.body.body] if isinstance(a, tirx.AttrStmt))
+    i = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    guarded = tirx.IfThenElse(tid < tirx.const(128, tid.ty), seq[i], None)
+    problems = stitch.check(_rebuild(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
+    assert any("under a condition" in p for p in problems)
+
+
+def test_occupancy_follows_the_documented_rules():
+    h = hardware.GPUS["h200"]
+    # 256 threads, 80 registers: 80*32 = 2560 regs per warp (already a multiple of 256), 8 warps
+    # -> 20480 regs per block -> 65536 // 20480 = 3 blocks by registers
+    occ = hardware.occupancy(h, 256, 80, 9924)
+    assert (occ.blocks_per_sm, occ.limited_by) == (3, "registers")
+    # 33 registers round up to 40 per thread (1280 per warp): 65536 // (1280*8) = 6
+    assert hardware.occupancy(h, 256, 33, 0).blocks_per_sm == 6
+    # shared memory: 100 KB + 1 KB reserved per block -> 233472 // 103424 = 2
+    assert hardware.occupancy(h, 128, 16, 100 * 1024) == hardware.Occupancy(2, "shared memory")
+    assert hardware.occupancy(h, 1024, 16, 0) == hardware.Occupancy(2, "threads")
+
