@@ -1,6 +1,8 @@
-"""Kernel launches per inference, `--fusion tvm` vs `--fusion souffle`, six zoo models, one run.
+"""Kernel launches per inference: `--fusion tvm` vs `--fusion souffle` (V2 and V3), six models, one run.
 
-Compiles each model with both fusions for CUDA (sm_90 by default; no GPU needed) and writes
+Compiles each model with TVM's fusion and with Souffle at level v2 (one kernel per anchor
+group) and v3 (subprograms stitched into cooperative kernels) for CUDA (sm_90 by default;
+no GPU needed) and writes
 ``results/launches-<date>.json`` and a Markdown table beside it. Compile times include ptxas
 unless ``--no-nvcc``. Absolute run times need a GPU; this script claims none.
 
@@ -21,7 +23,7 @@ import tvm
 from souffle_tvm import zoo
 from souffle_tvm.api import compile as compile_model
 
-FUSIONS = ("tvm", "souffle")
+CONFIGS = (("tvm", "tvm", None), ("souffle_v2", "souffle", "v2"), ("souffle_v3", "souffle", "v3"))
 
 
 def main() -> int:
@@ -34,45 +36,44 @@ def main() -> int:
     args = ap.parse_args()
 
     rows = []
-    total = len(args.models) * len(FUSIONS)
+    total = len(args.models) * len(CONFIGS)
     step = 0
     for name in args.models:
         dtype = zoo.MODELS[name].paper_dtype
         row = {"model": name, "dtype": dtype}
-        for fusion in FUSIONS:
+        for key, fusion, level in CONFIGS:
             step += 1
-            print(f"[{step}/{total}] {name} ({dtype}) --fusion {fusion} ...", flush=True)
+            print(f"[{step}/{total}] {name} ({dtype}) --fusion {fusion} {level or ''} ...", flush=True)
             t = time.perf_counter()
             c = compile_model(name, "cuda", fusion, arch=args.arch, small=args.small, dtype=dtype,
-                              nvcc=not args.no_nvcc)
+                              nvcc=not args.no_nvcc, level=level or "v2")
             r = c.report
-            row[fusion] = {"launches": r.launches, "distinct_kernels": r.distinct_kernels,
-                           "compile_seconds": r.compile_seconds, "total_seconds": round(time.perf_counter() - t, 2),
-                           "nvcc_seconds": r.nvcc.get("seconds"), "bytes": r.bytes, "flops": r.flops,
-                           "groups": len(r.groups) or None}
+            row[key] = {"launches": r.launches, "distinct_kernels": r.distinct_kernels,
+                        "compile_seconds": r.compile_seconds, "total_seconds": round(time.perf_counter() - t, 2),
+                        "nvcc_seconds": r.nvcc.get("seconds"), "bytes": r.bytes, "flops": r.flops,
+                        "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in r.kernels)}
             print(f"    launches {r.launches}, distinct kernels {r.distinct_kernels}, build {r.compile_seconds:.1f} s",
                   flush=True)
-        row["launch_ratio"] = round(row["tvm"]["launches"] / max(row["souffle"]["launches"], 1), 2)
         rows.append(row)
 
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.date.today().isoformat()
     meta = {"date": stamp, "tvm": tvm.__version__, "target": f"cuda -arch={args.arch}", "small": args.small,
-            "souffle_level": "v2", "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only)"}
+            "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only)"}
     path = os.path.join(args.out, f"launches-{stamp}{'-small' if args.small else ''}.json")
     with open(path, "w") as f:
         json.dump({**meta, "models": rows}, f, indent=2)
-    lines = ["| model | dtype | launches tvm | launches souffle (V2) | ratio | distinct tvm | distinct souffle "
-             "| build s tvm | build s souffle |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | dtype | launches tvm | souffle v2 | souffle v3 | v3 grid syncs | tvm / v3 "
+             "| build s tvm | v2 | v3 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        t, s = r["tvm"], r["souffle"]
-        lines.append(f"| {r['model']} | {r['dtype']} | {t['launches']} | {s['launches']} | {r['launch_ratio']}x | "
-                     f"{t['distinct_kernels']} | {s['distinct_kernels']} | {t['compile_seconds']:.1f} | "
-                     f"{s['compile_seconds']:.1f} |")
+        t, v2, v3 = r["tvm"], r["souffle_v2"], r["souffle_v3"]
+        lines.append(f"| {r['model']} | {r['dtype']} | {t['launches']} | {v2['launches']} | {v3['launches']} | "
+                     f"{v3['grid_syncs']} | {t['launches'] / max(v3['launches'], 1):.1f}x | "
+                     f"{t['compile_seconds']:.1f} | {v2['compile_seconds']:.1f} | {v3['compile_seconds']:.1f} |")
     table = "\n".join(lines)
     with open(path.replace(".json", ".md"), "w") as f:
-        f.write(f"Kernel launches per inference, {meta['target']}, {stamp}, TVM {meta['tvm']}; "
-                f"souffle = V2 (transforms, one kernel per anchor group, no grid sync)\n\n{table}\n")
+        f.write(f"Kernel launches per inference, {meta['target']}, {stamp}, TVM {meta['tvm']}; souffle v2 = "
+                f"transforms + one kernel per anchor group; v3 = + subprograms stitched with grid syncs\n\n{table}\n")
     print(table)
     print(f"wrote {path}")
     return 0
