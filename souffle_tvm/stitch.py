@@ -13,6 +13,7 @@ cooperative launch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,10 +42,11 @@ def _prefix_passes():
 @dataclass
 class LoweredStage:
     name: str
-    params: list                 # the stage's buffer parameters (Vars)
+    params: list                 # the stage's buffer parameters (Vars), then its scratch buffers
     body: tirx.Stmt              # below the launch attributes
     blocks: dict                 # "blockIdx.x" -> (var, extent)
     threads: dict                # "threadIdx.x" -> (var, extent)
+    scratch: int = 0             # how many trailing params are global scratch (were allocations)
 
     @property
     def num_blocks(self) -> int:
@@ -64,10 +66,17 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> li
     mod = tirx.transform.BindTarget(target)(mod)
     with target:
         low = tvm.transform.Sequential(_prefix_passes())(mod)[name]
-    regions = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
+    top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
+    # A multi-kernel stage passes data between its kernels through global allocations; in a
+    # stitched kernel they become scratch parameters (global buffers the VM allocates).
+    scratch = [x.buffer for x in top if isinstance(x, tirx.AllocBuffer) and
+               str(x.buffer.ty.storage_scope) == "global"]
+    regions = [x for x in top if not (isinstance(x, tirx.AllocBuffer) and any(x.buffer.same_as(b) for b in scratch))]
     if not all(isinstance(r, tirx.AttrStmt) and r.attr_key == "thread_extent" for r in regions):
-        raise StitchError(f"{name}: statements outside its launch regions (a global intermediate between kernels)")
-    return [_peel(f"{name}.{k}" if len(regions) > 1 else name, list(low.params), r) for k, r in enumerate(regions)]
+        raise StitchError(f"{name}: statements outside its launch regions")
+    params = list(low.params) + scratch
+    return [dataclasses.replace(_peel(f"{name}.{k}" if len(regions) > 1 else name, params, r), scratch=len(scratch))
+            for k, r in enumerate(regions)]
 
 
 def _peel(name: str, params: list, node) -> LoweredStage:
@@ -415,9 +424,15 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
         produced += outs
         types += fields
         ins = [aliases.get(a, a) if isinstance(a, relax.Var) else a for a in fargs]
-        for st in lower_stage(gv.name_hint, mod[gv], target):
+        lowered = lower_stage(gv.name_hint, mod[gv], target)
+        n_scratch = lowered[0].scratch
+        scratch = [("scratch", pos, i) for i in range(n_scratch)]
+        produced += scratch
+        for buf in lowered[0].params[len(lowered[0].params) - n_scratch:]:
+            types.append(relax.TensorType([int(d) for d in buf.ty.shape], str(buf.ty.dtype)))
+        for st in lowered:
             stages.append(st)
-            args.append(ins + outs)
+            args.append(ins + outs + scratch)
     inputs = []
     for a in (x for fa in args for x in fa if not isinstance(x, tuple)):
         if not any(a.same_as(x) for x in inputs):
@@ -431,9 +446,9 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
     gv = bb.add_func(func.without_attr("global_symbol"), name)
     sinfo = [relax.TensorType([int(d) for d in t.shape], t.dtype) for t in types]
     call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
-    items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced)}
+    items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced) if key[0] == "out"}
     for pos, b in enumerate(calls):
-        outs = [items[k] for k in produced if k[1] == pos]
+        outs = [items[k] for k in produced if k[0] == "out" and k[1] == pos]
         env[b.var] = outs[0] if not isinstance(b.var.ty, relax.TupleType) else bb.emit(relax.Tuple(outs))
         for alias, key in aliases.items():
             if isinstance(key, tuple) and key[1] == pos:
