@@ -182,8 +182,14 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
     return Partition(groups)
 
 
+# Stitched kernels of thousands of stages crash TVM's lowering (a segfault seen on the full
+# 10x100 LSTM); until repeated stages are emitted as loops, a subprogram is capped.
+MAX_GROUPS_PER_SUBPROGRAM = 128
+
+
 def subprograms_by_normalization(groups: list[Group], readers: dict,
-                                 stitchable: Callable[[int], "str | None"] = lambda i: None) -> list[tuple[list[int], str]]:
+                                 stitchable: Callable[[int], "str | None"] = lambda i: None,
+                                 max_groups: int = MAX_GROUPS_PER_SUBPROGRAM) -> list[tuple[list[int], str]]:
     """The interim rule for V3 (the resource-aware partitioner replaces it): cut after every
     normalisation-like group — several reductions over the same rows whose result is read by
     two or more later groups (a LayerNorm feeding a GEMM and a residual) — at opaque ops, and
@@ -202,6 +208,10 @@ def subprograms_by_normalization(groups: list[Group], readers: dict,
             current = []
             continue
         current.append(i)
+        if len(current) == max_groups:
+            out.append((current, f"stage cap: {max_groups} groups per stitched kernel (interim compile-time limit)"))
+            current = []
+            continue
         reductions = sum(1 for m in g.members if analysis.classify(m.op)[0] == analysis.REDUCTION)
         consumers = {owner.get(r) for m in g.members for r in readers.get(m.op, ()) if r is not None} - {i}
         if reductions >= 2 and len(consumers) >= 2:

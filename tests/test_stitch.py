@@ -115,3 +115,18 @@ def test_occupancy_follows_the_documented_rules():
     assert hardware.occupancy(h, 128, 16, 100 * 1024) == hardware.Occupancy(2, "shared memory")
     assert hardware.occupancy(h, 1024, 16, 0) == hardware.Occupancy(2, "threads")
 
+
+
+def test_subprogram_cuts_have_reasons(bert_v3):
+    from souffle_tvm import partition
+
+    groups = bert_v3.partition.groups
+    readers = partition._readers(bert_v3.program)
+    cuts = partition.subprograms_by_normalization(groups, readers)
+    assert [len(idx) for idx, _ in cuts] == [6, 3, 6, 3]
+    assert all("normalisation" in why for _, why in cuts[:-1])
+    capped = partition.subprograms_by_normalization(groups, readers, max_groups=4)
+    assert max(len(idx) for idx, _ in capped) == 4
+    assert any(why.startswith("stage cap") for _, why in capped)
+    refused = partition.subprograms_by_normalization(groups, readers, stitchable=lambda i: "test" if i == 2 else None)
+    assert ([2], "not stitchable: test") in refused
