@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
@@ -59,14 +60,8 @@ def _dyn_shared_bytes(func: tirx.PrimFunc) -> int:
         if str(node.buffer.ty.storage_scope) == "shared.dyn":
             total += tir_stats.buffer_bytes(node.buffer)
 
-    tvm_ffi_walk(func.body, (tirx.AllocBuffer, alloc))
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, alloc))
     return total
-
-
-def tvm_ffi_walk(root, cb):
-    import tvm_ffi
-
-    tvm_ffi.structural_walk(root, cb)
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle_tvm.RecordDeviceKernels")

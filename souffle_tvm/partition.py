@@ -76,7 +76,7 @@ def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
     return True
 
 
-def _readers(prog: TEProgram) -> dict:
+def readers_of(prog: TEProgram) -> dict:
     """op -> the ops (stages, opaque output placeholders) that read it; program outputs too."""
     readers: dict = {}
     for t in prog.stages():
@@ -98,7 +98,7 @@ def outputs_of(group: Group, readers: dict) -> list[te.Tensor]:
 
 def group_outputs(prog: TEProgram, groups: list[Group]) -> dict[int, list[te.Tensor]]:
     """Per group (by id): its members read by another group, an opaque op or the program."""
-    readers = _readers(prog)
+    readers = readers_of(prog)
     return {id(g): outputs_of(g, readers) for g in groups}
 
 
@@ -109,7 +109,7 @@ def _split_until_fits(prog: TEProgram, groups: list[Group], fits: Fits) -> list[
     """Schedule feedback: a group no schedule can build as one kernel is split, with the reason."""
     out: list[Group] = []
     pending = list(groups)
-    readers = _readers(prog)
+    readers = readers_of(prog)
     while pending:
         g = pending.pop(0)
         if g.opaque is not None:

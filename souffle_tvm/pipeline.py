@@ -77,7 +77,7 @@ def _stitch(result: SouffleModule, target: tvm.target.Target) -> None:
             return str(err)
         return None
 
-    subs = partition.subprograms_by_normalization(groups, partition._readers(result.program), stitchable)
+    subs = partition.subprograms_by_normalization(groups, partition.readers_of(result.program), stitchable)
     gpu = hardware.for_arch(str(target.attrs["arch"]))
     # One block per SM is co-resident for any kernel that launches at all (256 threads, static
     # shared memory): the measured occupancy is checked again after ptxas.

@@ -121,7 +121,7 @@ def test_subprogram_cuts_have_reasons(bert_v3):
     from souffle_tvm import partition
 
     groups = bert_v3.partition.groups
-    readers = partition._readers(bert_v3.program)
+    readers = partition.readers_of(bert_v3.program)
     cuts = partition.subprograms_by_normalization(groups, readers)
     assert [len(idx) for idx, _ in cuts] == [6, 3, 6, 3]
     assert all("normalisation" in why for _, why in cuts[:-1])
