@@ -108,20 +108,21 @@ class Report:
         if self.fallback:
             lines.append(f"\nfallback to TVM's default path: {self.fallback}")
         if self.groups:
-            reasons: dict[str, int] = {}
-            for g in self.groups:
-                key = g["reason"].split(":")[0].split("(")[0].strip()
-                reasons[key] = reasons.get(key, 0) + 1
             lines.append(f"\nboundaries ({len(self.groups)} groups, level {self.level}):")
-            lines += [f"  {n:>4} x {r}" for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+            lines += _reason_counts(self.groups)
         if self.subprograms:
-            cuts: dict[str, int] = {}
-            for sp in self.subprograms:
-                key = sp["reason"].split(":")[0].split("(")[0].strip()
-                cuts[key] = cuts.get(key, 0) + 1
             lines.append(f"subprograms ({len(self.subprograms)}, each one kernel when stitchable) end because:")
-            lines += [f"  {n:>4} x {r}" for r, n in sorted(cuts.items(), key=lambda x: -x[1])]
+            lines += _reason_counts(self.subprograms)
         return "\n".join(lines)
+
+
+def _reason_counts(items: list[dict]) -> list[str]:
+    """How many boundaries each kind of reason drew (details after ':' or '(' folded)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        key = item["reason"].split(":")[0].split("(")[0].strip()
+        counts[key] = counts.get(key, 0) + 1
+    return [f"  {n:>4} x {r}" for r, n in sorted(counts.items(), key=lambda x: -x[1])]
 
 
 def _si(x: float) -> str:
