@@ -71,11 +71,7 @@ def _stitch(result: SouffleModule, target: tvm.target.Target) -> None:
              if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
 
     def stitchable(i: int) -> str | None:
-        try:   # a stage with several launch regions stitches as several stages
-            stitch.lower_stage("probe", result.mod[calls[call_index[i]].args[0]], target)
-        except stitch.StitchError as err:
-            return str(err)
-        return None
+        return stitch.why_not_stitchable(result.mod[calls[call_index[i]].args[0]], target, STITCH_BLOCK)
 
     subs = partition.subprograms_by_normalization(groups, partition.readers_of(result.program), stitchable)
     gpu = hardware.for_arch(str(target.attrs["arch"]))

@@ -79,6 +79,18 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> li
             for k, r in enumerate(regions)]
 
 
+def why_not_stitchable(func: tirx.PrimFunc, target: tvm.target.Target, block: int) -> str | None:
+    """None if ``func``'s launch regions can become stages of a ``block``-thread kernel."""
+    try:
+        stages = lower_stage("stage", func, target)
+    except StitchError as err:
+        return str(err)
+    for st in stages:
+        if st.num_threads > block or (st.num_threads < block and _has_barrier(st.body)):
+            return f"its schedule uses {st.num_threads} threads per block, the stitched kernel {block}"
+    return None
+
+
 def _peel(name: str, params: list, node) -> LoweredStage:
     blocks, threads, unit = {}, {}, {}
     while isinstance(node, tirx.AttrStmt) and node.attr_key in ("thread_extent", "virtual_thread"):
@@ -352,13 +364,11 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     refused = {}
     for k, sp in enumerate(subprograms):
         if len(sp) > 1:
-            try:
-                for j in sp:
-                    b = bindings[call_pos[j]]
-                    lower_stage(b.value.args[0].name_hint, mod[b.value.args[0]], target)  # raises if it cannot
-            except StitchError as err:
-                refused[k] = str(err)
-                kernels.append(StitchedKernel(f"souffle_stitched_{k}", [], 0, 0, refused=str(err)))
+            why = next((w for j in sp for w in [why_not_stitchable(mod[bindings[call_pos[j]].value.args[0]],
+                                                                   target, block)] if w), None)
+            if why is not None:
+                refused[k] = why
+                kernels.append(StitchedKernel(f"souffle_stitched_{k}", [], 0, 0, refused=why))
     stitched_calls = [bindings[call_pos[j]] for k, sp in enumerate(subprograms)
                       if len(sp) > 1 and k not in refused for j in sp]
     stitched_vars = {b.var for b in stitched_calls}

@@ -130,3 +130,11 @@ def test_subprogram_cuts_have_reasons(bert_v3):
     assert any(why.startswith("stage cap") for _, why in capped)
     refused = partition.subprograms_by_normalization(groups, readers, stitchable=lambda i: "test" if i == 2 else None)
     assert ([2], "not stitchable: test") in refused
+
+
+def test_unstitchable_groups_stay_separate_kernels(monkeypatch):
+    monkeypatch.setattr(stitch, "why_not_stitchable", lambda f, t, b: "its schedule uses 512 threads per block")
+    v2 = compile_model("mmoe", "cuda", "souffle", small=True, level="v2", nvcc=False).report
+    v3 = compile_model("mmoe", "cuda", "souffle", small=True, level="v3", nvcc=False).report
+    assert v3.launches == v2.launches
+    assert all("512 threads" in sp["reason"] for sp in v3.subprograms)
