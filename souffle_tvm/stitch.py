@@ -14,6 +14,7 @@ cooperative launch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -79,8 +80,12 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> li
             for k, r in enumerate(regions)]
 
 
+@functools.lru_cache(maxsize=4096)
 def why_not_stitchable(func: tirx.PrimFunc, target: tvm.target.Target, block: int) -> str | None:
-    """None if ``func``'s launch regions can become stages of a ``block``-thread kernel."""
+    """None if ``func``'s launch regions can become stages of a ``block``-thread kernel.
+
+    Cached: the partitioner asks per group and ``stitch_module`` asks again per subprogram.
+    """
     try:
         stages = lower_stage("stage", func, target)
     except StitchError as err:
