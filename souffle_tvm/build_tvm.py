@@ -144,11 +144,13 @@ def primfunc_calls(mod: tvm.IRModule) -> dict[str, int]:
 def unscheduled_stats(mod: tvm.IRModule, target: tvm.target.Target):
     """Per PrimFunc: useful flops and buffer footprints, read before any GPU schedule
     (so tile padding is not counted)."""
-    p = _backend(target)
-    legal = [x for x in p.legalize_passes(target) if "ApplyDefaultSchedule" not in type(x).__name__
-             and "dlight" not in str(type(x))]
+    # The CPU backend's legalization is the CUDA one without dlight's schedules: the same
+    # fused PrimFuncs (same names), unscheduled.
+    from tvm.relax.backend.cpu_generic import pipeline as unscheduled
+
     with target:
-        unsched = tvm.transform.Sequential(p.library_dispatch_passes(target) + legal)(mod)
+        unsched = tvm.transform.Sequential(unscheduled.library_dispatch_passes(target)
+                                           + unscheduled.legalize_passes(target))(mod)
     funcs = {gv.name_hint: f for gv, f in unsched.functions.items() if isinstance(f, tirx.PrimFunc)}
     return ({n: tir_stats.block_flops(f) for n, f in funcs.items()},
             {n: tir_stats.block_footprints(f) for n, f in funcs.items()})

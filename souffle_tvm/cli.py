@@ -174,8 +174,6 @@ def cmd_run(args) -> int:
         from .api import compile as compile_model
 
         shapes = _parse_shapes(args.input_shapes)
-        if feeds is not None and shapes is None:
-            shapes = None  # static models: the arrays are checked against the model below
         compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
                                  shapes=shapes, level=args.level)
         executable, params = compiled.executable, compiled.model.params

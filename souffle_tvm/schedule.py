@@ -8,6 +8,7 @@ gets alone: fusing must not degrade a tiled GEMM to the fallback schedule.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tvm
@@ -44,6 +45,7 @@ def _rules(block_size: int | None):
     return [_Matmul256(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
+@functools.cache
 def _matmul256_class():
     from tvm.s_tir import dlight as dl
 
