@@ -1,14 +1,26 @@
 """souffle-tvm: Souffle (ASPLOS 2024) as a TVM extension.
 
 ``souffle_tvm.compile(model, target, fusion=...)`` is the one-call API; ``souffle-tvm`` the CLI.
+
+The compiler entry points are imported lazily: ``souffle_tvm.zoo``, ``souffle_tvm.numerics``
+and ``souffle_tvm.standalone`` work where only numpy/onnx and the TVM *runtime* exist (the
+GPU machine the device check runs on).
 """
 
-from .api import Compiled, compile
 from .errors import (DynamicShapeError, ModelLoadError, SouffleError, ToolchainError,
                      UnsupportedOperatorError)
-from .report import Report
 
 __version__ = "0.1.0"
 
 __all__ = ["compile", "Compiled", "Report", "SouffleError", "ModelLoadError", "UnsupportedOperatorError",
            "DynamicShapeError", "ToolchainError", "__version__"]
+
+_LAZY = {"compile": "api", "Compiled": "api", "Report": "report"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,589 @@
+"""The GPU check: build here, run on a lent H200 with the TVM runtime alone.
+
+Two halves, so that device time is spent only on running:
+
+``prepare`` (this machine: TVM, nvcc, no GPU) compiles the six zoo models, small and full
+size, with ``--fusion tvm`` and ``--fusion souffle`` (level v3: stitched cooperative
+kernels) for ``cuda -arch=sm_90``; exports each library; compiles every CUDA module to a
+cubin (the runtime JIT-compiles module *source* otherwise); writes weights that cannot be
+regenerated on the device, seeded inputs and onnxruntime references for the small models,
+and a cooperative-launch probe (a two-stage kernel with a cross-block dependence). Output:
+``gpu_bundle/`` (ignored by git; about 30 MB) with ``manifest.json``.
+
+``run`` (the device: Python 3.12, torch, onnxruntime, no TVM) loads TVM's runtime libraries
+and each library (``souffle_tvm.standalone``), and for every case: numerics against the
+reference (small: onnxruntime here; full: onnxruntime there on the zoo's ONNX, regenerated
+from its seed, where every weight is known), outputs NaN-poisoned through the memory pool
+before the checked run; median latency with CUDA events, with and without a CUDA graph;
+kernels per inference from the profiler's trace. Probes: a cooperative grid at the
+co-resident limit runs and is right; one block per SM more is refused with an error (in a
+subprocess with a timeout, so a hang could not eat the lease); the same kernel without its
+grid sync. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
+against ``souffle_tvm.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
+
+    .venv/bin/python python/gpu_check.py prepare [--models bert mmoe] [--sizes small full]
+    python3 python/gpu_check.py run --bundle gpu_bundle --out $OUT     # on the device
+
+On the device the bundle travels as ``gpu_bundle.tgz`` (see docs/gpu-check.md for the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# tvm_ffi would otherwise JIT-build a torch extension (minutes) on first import next to torch
+os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
+
+from souffle_tvm import numerics, standalone, zoo  # noqa: E402 - none of these imports tvm
+
+ARCH = "sm_90"
+
+
+def _digest(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a)
+    return hashlib.sha256(a.dtype.str.encode() + str(a.shape).encode() + a.tobytes()).hexdigest()[:24]
+
+
+# == prepare (build machine) ======================================================================
+def prepare(args) -> int:
+    import tvm
+    from onnx import numpy_helper
+
+    from souffle_tvm import hardware
+    from souffle_tvm.api import compile as compile_model
+
+    out = Path(args.bundle)
+    (out / "libs").mkdir(parents=True, exist_ok=True)
+    (out / "data").mkdir(exist_ok=True)
+    store = standalone.CubinStore(out / "cubins", ARCH)
+    manifest = {"arch": ARCH, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "tvm": tvm.__version__, "cases": [], "probes": []}
+    _copy_runtime(out)
+    manifest["probes"] = _build_probes(out, store)
+    gpu = hardware.for_arch(ARCH)
+    carried = 0
+    steps = [(m, s, f) for m in args.models for s in args.sizes for f in ("tvm", "souffle")]
+    for n, (name, size, fusion) in enumerate(steps, 1):
+        small = size == "small"
+        dtype = zoo.MODELS[name].paper_dtype
+        case_id = f"{name}-{size}-{fusion}"
+        print(f"[{n}/{len(steps)}] {case_id} ({dtype}) ...", flush=True)
+        t = time.perf_counter()
+        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level="v3")
+        lib = out / "libs" / f"{case_id}.so"
+        c.executable.export_library(str(lib))
+        if c.cuda_source:
+            store.add(c.cuda_source)
+        onnx_model = c.model.onnx_model
+        by_digest = {_digest(numpy_helper.to_array(i)): i.name for i in onnx_model.graph.initializer}
+        params, to_carry = [], {}
+        for i, p in enumerate(c.model.params):
+            spec = {"shape": list(p.shape), "dtype": str(p.dtype)}
+            d = _digest(p)
+            if d in by_digest:          # an initializer as exported: regenerated on the device
+                spec.update(src="onnx", name=by_digest[d], digest=d)
+            else:                       # transformed at compile time (folded, concatenated...)
+                spec.update(src="npz", key=f"p{i:05d}")
+                to_carry[spec["key"]] = p
+            params.append(spec)
+        need = sum(p.nbytes for p in to_carry.values())
+        if not small and carried + need > args.carry_mib * 2**20:
+            # all or nothing: a case with one stand-in weight cannot be checked anyway
+            for spec in params:
+                if spec["src"] == "npz":
+                    spec["src"] = "random"
+            to_carry = {}
+        elif not small:
+            carried += need
+        case = {"id": case_id, "model": name, "size": size, "fusion": fusion, "dtype": dtype,
+                "lib": str(lib.relative_to(out)), "params": params,
+                "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in c.model.inputs],
+                "outputs": list(c.model.outputs),
+                "report": _summary(c.report, gpu, store.path(c.cuda_source).name if c.cuda_source else None)}
+        if to_carry:
+            path = out / "data" / f"{case_id}.params.npz"
+            np.savez(path, **to_carry)
+            case["params_npz"] = str(path.relative_to(out))
+        if small:
+            io = out / "data" / f"{name}-small.io.npz"
+            if not io.exists():
+                feeds = numerics.random_inputs(c.model.inputs, seed=0)
+                ref_name, ref = numerics.reference_outputs(onnx_model, feeds)
+                np.savez(io, **{f"in_{k}": v for k, v in feeds.items()},
+                         **{f"ref_{i}": r for i, r in enumerate(ref)})
+            case["io_npz"] = str(io.relative_to(out))
+        manifest["cases"].append(case)
+        print(f"    launches {c.report.launches}, {time.perf_counter() - t:.1f} s", flush=True)
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    tgz = pack(out)
+    print(f"bundle {out}: {size / 2**20:.1f} MiB ({tgz.stat().st_size / 2**20:.1f} MiB as {tgz.name}), "
+          f"{len(manifest['cases'])} cases, {carried / 2**20:.1f} MiB of full-size weights carried", flush=True)
+    return 0
+
+
+def pack(bundle: Path) -> Path:
+    """One gzipped tar beside the bundle: the libraries carry CUDA source, which shrinks ~9x,
+    and the device tool carries at most 64 MiB."""
+    import tarfile
+
+    tgz = bundle.parent / f"{bundle.name}.tgz"
+    with tarfile.open(tgz, "w:gz", compresslevel=6) as tar:
+        tar.add(bundle, arcname=bundle.name)
+    return tgz
+
+
+def _summary(report, gpu, cubin: str | None) -> dict:
+    from souffle_tvm.hardware import occupancy
+
+    kernels = []
+    seen = set()
+    for k in report.kernels:
+        if k.name in seen:
+            continue
+        seen.add(k.name)
+        threads = k.block[0] * k.block[1] * k.block[2] if k.block else None
+        occ = occupancy(gpu, threads, k.registers, k.shared_bytes or 0) if k.registers is not None else None
+        kernels.append({"name": k.name, "grid": k.grid, "block": k.block, "registers": k.registers,
+                        "shared_bytes": k.shared_bytes, "cooperative": k.cooperative,
+                        "grid_syncs": k.grid_syncs, "launches": k.launches, "cubin": cubin,
+                        "predicted_blocks_per_sm": occ.blocks_per_sm if occ else None})
+    return {"launches": report.launches, "distinct_kernels": report.distinct_kernels,
+            "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in report.kernels),
+            "compile_seconds": report.compile_seconds, "fallback": report.fallback, "kernels": kernels}
+
+
+def _copy_runtime(out: Path) -> None:
+    import shutil
+
+    rt = out / "runtime"
+    rt.mkdir(exist_ok=True)
+    src = standalone.installed_runtime_dir()
+    for name in standalone.RUNTIME_LIBS + standalone.CUDA_RUNTIME_LIBS:
+        shutil.copy2(src / name, rt / name)
+    # libtvm_runtime_cuda.so links libcudart.so.13: carry the one it was built against
+    import ctypes.util
+
+    found = [Path(p) for p in ("/usr/local/cuda/lib64/libcudart.so.13", "/usr/local/cuda-13.0/lib/libcudart.so.13",
+                               "/usr/local/cuda-13.0/lib64/libcudart.so.13") if Path(p).exists()]
+    if found:
+        shutil.copy2(found[0].resolve(), rt / "libcudart.so.13")
+    elif ctypes.util.find_library("cudart") is None:
+        print("note: libcudart.so.13 not found here; the device's own will be used", flush=True)
+
+
+def _build_probes(out: Path, store) -> list[dict]:
+    """Two-stage cooperative kernels: B = A + 1; C[i] = 2 * B[(i + shift) % n] with shift over a
+    block, so every block reads what other blocks wrote. Grids: the co-resident limit (from
+    ptxas' registers and the hardware table), one block per SM over it, and the limit again
+    without the grid sync."""
+    from souffle_tvm import hardware
+
+    gpu = hardware.for_arch(ARCH)
+    block = 1024
+    first = _build_probe(out, store, "measure", gpu.sms, block)    # resources do not depend on the grid
+    per_sm = first["predicted_blocks_per_sm"]
+    (out / first["lib"]).unlink()
+    return [_build_probe(out, store, kind, gpu.sms * (per_sm + (kind == "oversized")), block)
+            for kind in ("coresident", "oversized", "nosync")]
+
+
+def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
+    import tvm
+    from tvm import te, tirx
+    from tvm.s_tir import dlight as dl
+
+    from souffle_tvm import build_tvm, hardware, resources, stitch
+    from souffle_tvm.targets import make_target
+
+    assert build_tvm.record_device_kernels is not None   # importing build_tvm registers its TIR pipeline
+    target = make_target("cuda", ARCH)
+    n, shift = grid * block * 2, block * 3 + 1
+    A = te.placeholder((n,), "float32", "A")
+    B = te.compute((n,), lambda i: A[i] + tirx.const(1.0, "float32"), "B")
+    Bp = te.placeholder((n,), "float32", "Bp")
+    C = te.compute((n,), lambda i: Bp[(i + shift) % n] * tirx.const(2.0, "float32"), "C")
+    stages = []
+    for k, tensors in enumerate(([A, B], [Bp, C])):
+        mod = tvm.IRModule({"main": te.create_prim_func(tensors)})
+        with target:
+            mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
+        stages += stitch.lower_stage(f"s{k}", mod["main"], target)
+    name = f"probe_{kind}"
+    func, _ = stitch.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
+    if kind == "nosync":
+        func = _without_grid_syncs(func)
+    lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline="souffle_tvm.recorded")
+    path = out / "libs" / f"{name}.so"
+    lib.export_library(str(path))
+    src = "\n".join(m.inspect_source() for m in lib.imports if m.kind == "cuda")
+    store.add(src)
+    res = resources.measure(src, ARCH)
+    kname = next(iter(res))
+    occ = hardware.occupancy(hardware.for_arch(ARCH), block, res[kname].registers, res[kname].shared_bytes)
+    return {"name": name, "kind": kind, "lib": str(path.relative_to(out)), "func": name, "kernel": kname,
+            "cubin": store.path(src).name, "grid": grid, "block": block, "n": n, "shift": shift,
+            "registers": res[kname].registers, "predicted_blocks_per_sm": occ.blocks_per_sm,
+            "grid_sync": stitch.has_grid_sync(func)}
+
+
+def _without_grid_syncs(func):
+    from tvm import tirx
+
+    from souffle_tvm import stitch
+
+    node, attrs = func.body, []
+    while isinstance(node, tirx.AttrStmt):
+        attrs.append(node)
+        node = node.body
+    body = tirx.SeqStmt([s for s in stitch._stage_loops(func) if not stitch._is_grid_sync(s)])
+    for a in reversed(attrs):
+        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
+    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+
+
+# == run (device) =================================================================================
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def run(args) -> int:
+    bundle = Path(args.bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    outdir = Path(args.out or ".")
+    outdir.mkdir(parents=True, exist_ok=True)
+    deadline = Deadline(args.budget)
+    import torch
+    import tvm_ffi
+
+    standalone.load_runtime(bundle / "runtime", cuda=True)
+    store = standalone.CubinStore(bundle / "cubins", manifest["arch"])
+    store.register()
+    props = torch.cuda.get_device_properties(0)
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
+              "torch": torch.__version__, "tvm_ffi": tvm_ffi.__version__, "bundle": manifest["created"],
+              "tvm_build": manifest["tvm"], "arch": manifest["arch"], "probes": [], "cases": [], "occupancy": []}
+
+    def save():
+        result["cubins"] = {"hits": store.hits, "misses": store.misses}
+        (outdir / "gpu_check.json").write_text(json.dumps(result, indent=1))
+
+    for probe in manifest["probes"]:
+        result["probes"].append(_run_probe(bundle, probe))
+        print("probe", json.dumps(result["probes"][-1]), flush=True)
+        save()
+    result["occupancy"] = _occupancy(bundle, manifest)
+    save()
+    onnx_cache: dict = {}
+    wanted = [c for c in manifest["cases"] if not args.cases or any(s in c["id"] for s in args.cases)]
+    for case in wanted:
+        if deadline.left() < 20:
+            result["cases"].append({"id": case["id"], "skipped": "out of time"})
+            continue
+        t = time.monotonic()
+        try:
+            r = _run_case(bundle, case, onnx_cache, deadline, args)
+        except Exception as err:  # one broken case must not lose the others' results
+            r = {"id": case["id"], "error": f"{type(err).__name__}: {str(err)[:1500]}"}
+        r["seconds"] = round(time.monotonic() - t, 1)
+        result["cases"].append(r)
+        print("case", json.dumps({k: v for k, v in r.items() if k != "kernel_names"}), flush=True)
+        save()
+        torch.cuda.empty_cache()
+    save()
+    _print_table(result)
+    return 0
+
+
+def _run_probe(bundle: Path, probe: dict) -> dict:
+    """Run one probe in a child process: a hung grid sync costs its timeout, not the lease."""
+    cmd = [sys.executable, __file__, "probe", "--bundle", str(bundle), "--name", probe["name"]]
+    t = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return {"name": probe["name"], "kind": probe["kind"], "outcome": "HANG (killed after 90 s)"}
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+    r = json.loads(line) if line else {"outcome": "crashed", "stderr": proc.stderr[-1500:]}
+    r.update(name=probe["name"], kind=probe["kind"], grid=probe["grid"], block=probe["block"],
+             rc=proc.returncode, seconds=round(time.monotonic() - t, 1))
+    return r
+
+
+def probe_main(args) -> int:
+    import torch
+    import tvm_ffi
+
+    bundle = Path(args.bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    probe = next(p for p in manifest["probes"] if p["name"] == args.name)
+    standalone.load_runtime(bundle / "runtime", cuda=True)
+    standalone.CubinStore(bundle / "cubins", manifest["arch"]).register()
+    f = tvm_ffi.load_module(str(bundle / probe["lib"]))[probe["func"]]
+    n, shift = probe["n"], probe["shift"]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(n, device="cuda", generator=g)
+    b = torch.full((n,), float("nan"), device="cuda")
+    c = torch.full((n,), float("nan"), device="cuda")
+    try:
+        f(*(tvm_ffi.from_dlpack(x) for x in (a, b, c)))
+        torch.cuda.synchronize()
+    except Exception as err:
+        print(json.dumps({"outcome": "refused", "error": str(err).splitlines()[0][:300]}))
+        return 0
+    want = (torch.roll(a, -shift) + 1) * 2
+    bad = int((~torch.isclose(c, want)).sum())
+    print(json.dumps({"outcome": "ran", "wrong_elements": bad, "elements": n}))
+    return 0
+
+
+def _occupancy(bundle: Path, manifest: dict) -> list[dict]:
+    """cudaOccupancyMaxActiveBlocksPerMultiprocessor for each cooperative kernel, vs our table."""
+    try:
+        import cupy
+    except ImportError as err:
+        return [{"error": f"cupy unavailable: {err}"}]
+    rows = []
+    kernels = [(p["cubin"], p["kernel"], p["block"], p.get("registers"), p["predicted_blocks_per_sm"])
+               for p in manifest["probes"][:1]]
+    for case in manifest["cases"]:
+        if case["size"] != "full" or case["fusion"] != "souffle":
+            continue
+        for k in case["report"]["kernels"]:
+            if k["cooperative"] and k.get("cubin"):
+                kernels.append((k["cubin"], k["name"], k["block"][0] * k["block"][1] * k["block"][2],
+                                k["registers"], k["predicted_blocks_per_sm"]))
+    for cubin, name, threads, regs, predicted in kernels:
+        try:
+            mod = cupy.cuda.function.Module()
+            mod.load(bytes((bundle / "cubins" / cubin).read_bytes()))
+            fn = mod.get_function(name)
+            got = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
+            rows.append({"kernel": name, "threads": threads, "registers": regs, "predicted": predicted,
+                         "cuda": int(got), "match": int(got) == predicted})
+        except Exception as err:
+            rows.append({"kernel": name, "error": str(err)[:300]})
+    return rows
+
+
+def _params(bundle: Path, case: dict, onnx_cache: dict, torch):
+    """The case's weights on the GPU, and whether every one is the real (seeded) value."""
+    npz = np.load(bundle / case["params_npz"]) if case.get("params_npz") else None
+    model = None
+    real = True
+    out = []
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for spec in case["params"]:
+        dtype = getattr(torch, spec["dtype"]) if spec["dtype"] != "bool" else torch.bool
+        if spec["src"] == "npz":
+            arr = npz[spec["key"]]
+        elif spec["src"] == "onnx":
+            if model is None:
+                model = _zoo_initializers(case, onnx_cache)
+            arr = model[spec["name"]]
+            if _digest(arr) != spec["digest"]:
+                raise RuntimeError(f"regenerated weight {spec['name']} differs from the build machine's")
+        else:
+            real = False
+            if dtype.is_floating_point:
+                out.append((torch.randn(spec["shape"], device="cuda", generator=gen) * 0.05).to(dtype))
+            else:
+                out.append(torch.zeros(spec["shape"], device="cuda", dtype=dtype))
+            continue
+        out.append(torch.from_numpy(np.ascontiguousarray(arr)).to("cuda"))
+    return out, real
+
+
+def _zoo_model(case: dict, onnx_cache: dict):
+    key = (case["model"], case["size"])
+    if key not in onnx_cache:
+        onnx_cache.clear()          # full-size models are big: keep one
+        onnx_cache[key] = zoo.build(case["model"], small=case["size"] == "small", dtype=case["dtype"])
+    return onnx_cache[key]
+
+
+def _zoo_initializers(case: dict, onnx_cache: dict) -> dict:
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in _zoo_model(case, onnx_cache).graph.initializer}
+
+
+class _Spec:
+    def __init__(self, d):
+        self.name, self.shape, self.dtype = d["name"], tuple(d["shape"]), d["dtype"]
+
+
+def _run_case(bundle: Path, case: dict, onnx_cache: dict, deadline: Deadline, args) -> dict:
+    import torch
+    import tvm_ffi
+
+    r = {"id": case["id"], "model": case["model"], "size": case["size"], "fusion": case["fusion"],
+         "launches_compiled": case["report"]["launches"], "grid_syncs": case["report"]["grid_syncs"]}
+    vm = standalone.VM(bundle / case["lib"], "cuda")
+    params, real = _params(bundle, case, onnx_cache, torch)
+    specs = [_Spec(i) for i in case["inputs"]]
+    if case.get("io_npz"):
+        io = np.load(bundle / case["io_npz"])
+        feeds = {s.name: io[f"in_{s.name}"] for s in specs}
+        ref = [io[f"ref_{i}"] for i in range(len(case["outputs"]))]
+        r["reference"] = "onnxruntime (build machine)"
+    else:
+        feeds = numerics.random_inputs(specs, seed=0)
+        ref = None
+        if real and not args.no_full_reference:
+            sess_t = time.monotonic()
+            name, ref = numerics.reference_outputs(_zoo_model(case, onnx_cache), feeds)
+            r["reference"] = f"{name} (device CPU, {time.monotonic() - sess_t:.1f} s)"
+        else:
+            r["reference"] = None if real else "none: some weights are random stand-ins (too large to carry)"
+    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.ascontiguousarray(feeds[s.name])).to("cuda"))
+                for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
+
+    def once():
+        return vm(*args_gpu)
+
+    outs = once()
+    torch.cuda.synchronize()
+    # Poison: the first run's outputs go back to the pool as NaN, so the checked run's outputs
+    # (which the pooled allocator hands out again) start as NaN, not as a previous answer.
+    for o in outs:
+        t = torch.from_dlpack(o)
+        if t.dtype.is_floating_point:
+            t.fill_(float("nan"))
+    del outs
+    outs = [torch.from_dlpack(o).float().cpu().numpy() for o in once()]
+    torch.cuda.synchronize()
+    r["finite"] = bool(all(np.isfinite(o).all() for o in outs))
+    # a race shows as run-to-run differences on the same inputs
+    again = [torch.from_dlpack(o).float().cpu().numpy() for o in once()]
+    r["run_to_run_max_abs"] = float(max(np.max(np.abs(a - b)) if a.size else 0.0 for a, b in zip(outs, again)))
+    if ref is not None:
+        cmp = numerics.compare(case["outputs"], outs, ref)
+        r["rel_l2"] = max(c.rel_l2 for c in cmp)
+        tol = 1e-2 if case["dtype"] == "float16" else 1e-4
+        r["numerics_ok"] = bool(all(c.ok(tol) for c in cmp))
+    if deadline.left() < 15:
+        r["timing"] = "skipped: out of time"
+        return r
+    r.update(_time(once, torch, tvm_ffi, args))
+    r.update(_trace(once, torch))
+    return r
+
+
+def _time(once, torch, tvm_ffi, args) -> dict:
+    for _ in range(3):
+        once()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    once()
+    torch.cuda.synchronize()
+    est = time.perf_counter() - t
+    reps = int(min(args.reps, max(5, 1.5 / max(est, 1e-6))))
+    out = {"reps": reps}
+    out["median_ms"], out["min_ms"] = _events(once, reps, torch)
+    try:
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with tvm_ffi.use_torch_stream(torch.cuda.stream(stream)):
+            for _ in range(2):
+                once()
+        torch.cuda.synchronize()
+        with tvm_ffi.use_torch_stream(torch.cuda.graph(g)):
+            keep = once()
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        out["graph_median_ms"], out["graph_min_ms"] = _events(g.replay, reps, torch)
+        del keep
+    except Exception as err:
+        out["graph_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+    return out
+
+
+def _events(fn, reps: int, torch) -> tuple[float, float]:
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    ms = sorted(a.elapsed_time(b) for a, b in times)
+    return round(float(np.median(ms)), 4), round(ms[0], 4)
+
+
+def _trace(once, torch) -> dict:
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            once()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"
+                 and not e.name.lower().startswith(("memcpy", "memset"))]
+        return {"kernels_traced": len(names), "distinct_traced": len(set(names))}
+    except Exception as err:
+        return {"trace_error": str(err)[:300]}
+
+
+def _print_table(result: dict) -> None:
+    print(f"\n{result['gpu']} ({result['sms']} SMs), {result['date']}")
+    for p in result["probes"]:
+        print(f"probe {p['kind']:<10} grid {p.get('grid')}x{p.get('block')}: {p.get('outcome')} "
+              f"{p.get('wrong_elements', '')} {p.get('error', '')[:80]}")
+    occ = [o for o in result["occupancy"] if "cuda" in o]
+    if occ:
+        print(f"occupancy: {sum(o['match'] for o in occ)}/{len(occ)} kernels match cudaOccupancy...")
+    print(f"{'case':<26}{'launch':>7}{'trace':>7}{'rel_l2':>10}{'ms':>10}{'graph ms':>10}")
+    for c in result["cases"]:
+        if "error" in c or "skipped" in c:
+            print(f"{c['id']:<26} {c.get('error', c.get('skipped'))[:100]}")
+            continue
+        rel = f"{c['rel_l2']:.1e}" if "rel_l2" in c else ("finite" if c.get("finite") else "NaN!")
+        print(f"{c['id']:<26}{c['launches_compiled']:>7}{c.get('kernels_traced', '-'):>7}{rel:>10}"
+              f"{c.get('median_ms', '-'):>10}{c.get('graph_median_ms', '-'):>10}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="build the bundle (needs TVM and nvcc; no GPU)")
+    p.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
+    p.add_argument("--models", nargs="*", default=zoo.names())
+    p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
+    p.add_argument("--carry-mib", type=float, default=40.0,
+                   help="full-size weights changed by the compiler, carried up to this much (else random)")
+    r = sub.add_parser("run", help="run the bundle on a GPU (needs torch and tvm_ffi; no TVM)")
+    r.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
+    r.add_argument("--out", default=os.environ.get("OUT"))
+    r.add_argument("--cases", nargs="*", help="substrings of case ids to run (default: all)")
+    r.add_argument("--reps", type=int, default=100)
+    r.add_argument("--budget", type=float, default=400.0, help="seconds; later cases are skipped past it")
+    r.add_argument("--no-full-reference", action="store_true", help="skip onnxruntime on full-size models")
+    q = sub.add_parser("probe", help="(internal) run one cooperative-launch probe")
+    q.add_argument("--bundle", required=True)
+    q.add_argument("--name", required=True)
+    args = ap.parse_args()
+    return {"prepare": prepare, "run": run, "probe": probe_main}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""GPU semantics on the CPU: run scheduled and stitched CUDA kernels with llvm.
+
+A kernel's TIR, lowered to launch form (the stitcher's form: ``launch_thread`` attributes,
+grid-stride stage loops, ``grid_sync`` between stages), becomes a CPU PrimFunc that keeps
+what the GPU would do and drops what makes it parallel:
+
+* each launch region (one ``__global__``) runs after the previous one; inside it, the phases
+  between grid syncs run one after the other, each over all blocks in order, so a stage that
+  reads another block's result without a grid sync reads poison;
+* inside a block, threads run in lock step statement by statement (every statement for all
+  threads before the next), which is what the barriers TVM's ThreadSync inserts guarantee;
+  statements under thread-dependent control flow run per thread as a unit and may not
+  contain a barrier;
+* per-thread locals become arrays over the block's threads; shared memory is per block;
+  a cross-thread reduction (``tvm_thread_allreduce``) combines the values of its group of
+  threads in thread order;
+* every output and every shared/local buffer is filled with NaN before it is written.
+
+What it cannot catch: warp-level timing (it never runs two threads at once), memory-model
+races that a real GPU would expose (a read of another thread's global write inside one
+phase sees it here, as if fenced), and intra-block barrier placement (TVM's ThreadSync pass
+is trusted). docs/emulator.md says the same with examples.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from .errors import SouffleError
+
+BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce", "tirx.cuda.grid_sync")
+_I64 = "int64"
+
+
+class EmulationError(SouffleError):
+    """The kernel uses a construct the emulator does not model (named in the message)."""
+
+
+def _i64(v) -> tirx.PrimExpr:
+    return tirx.const(v, _I64)
+
+
+def _ty(e) -> str:
+    return str(e.ty)
+
+
+def _op_name(call) -> str:
+    return getattr(call.op, "name", "") if isinstance(call, tvm.ir.Call) else ""
+
+
+def _calls(node, names) -> list:
+    found = []
+    tvm_ffi.structural_walk(node, (tvm.ir.Call, lambda c: found.append(c) if _op_name(c) in names else None))
+    return found
+
+
+def _uses(node, vars_: set) -> bool:
+    hit = []
+    tvm_ffi.structural_walk(node, (tirx.Var, lambda v: hit.append(v) if v in vars_ else None))
+    return bool(hit)
+
+
+def _is_grid_sync(stmt) -> bool:
+    return isinstance(stmt, tirx.Evaluate) and _op_name(stmt.value) == "tirx.cuda.grid_sync"
+
+
+def _seq(stmts: list) -> tirx.Stmt:
+    flat = []
+    for s in stmts:
+        flat.extend(s.seq if isinstance(s, tirx.SeqStmt) else [s])
+    if not flat:
+        return tirx.Evaluate(_i64(0))
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
+    """Fill a float buffer with NaN (other dtypes are left alone)."""
+    ty = buf.ty
+    if not str(ty.dtype).startswith(("float", "bfloat")):
+        return None
+    shape = list(ty.shape)
+    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(shape))]
+    store = tirx.BufferStore(buf, tirx.const(float("nan"), str(ty.dtype)), list(prefix or []) + loops)
+    for v, e in reversed(list(zip(loops, shape))):
+        store = tirx.For(v, _i64(0), e if _ty(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
+    return store
+
+
+class _Block:
+    """Lock-step emulation of one thread block's statements."""
+
+    def __init__(self, thread_vars: dict, n_threads: int):
+        self.thread_vars = thread_vars          # Var -> (stride, extent) in the flat thread index
+        self.n = n_threads
+        self.locals: dict = {}                  # original local buffer -> per-thread array
+        self.shared: dict = {}                  # original shared buffer -> per-block buffer
+
+    # -- per-thread substitution ---------------------------------------------------------------
+    def _thread_exprs(self, t) -> dict:
+        return {v: tirx.floormod(tirx.floordiv(t, _i64(stride)), _i64(ext)) if stride > 1 else tirx.floormod(t, _i64(ext))
+                for v, (stride, ext) in self.thread_vars.items()}
+
+    def per_thread(self, node, t):
+        """``node`` as executed by thread ``t``: thread vars and buffers replaced."""
+        tmap = self._thread_exprs(t)
+
+        def cast_like(e, v):
+            return e if _ty(e) == _ty(v) else tirx.Cast(_ty(v), e)
+
+        def var(v):
+            return cast_like(tmap[v], v) if v in tmap else v
+
+        def load(x):
+            if x.source in self.locals:
+                return tirx.BufferLoad(self.locals[x.source], [t] + list(x.indices))
+            if x.source in self.shared:
+                return tirx.BufferLoad(self.shared[x.source], list(x.indices))
+            return x
+
+        def store(s):
+            if s.buffer in self.locals:
+                return tirx.BufferStore(self.locals[s.buffer], s.value, [t] + list(s.indices))
+            if s.buffer in self.shared:
+                return tirx.BufferStore(self.shared[s.buffer], s.value, list(s.indices))
+            return s
+
+        node = tvm_ffi.structural_map(node, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)])
+        return tvm_ffi.structural_map(node, (tirx.Var, var))
+
+    def for_all_threads(self, stmt) -> tirx.Stmt:
+        t = tirx.Var("t", _I64)
+        return tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, _serial(self.per_thread(stmt, t)))
+
+    # -- lock step -----------------------------------------------------------------------------
+    def run(self, stmt) -> tirx.Stmt:
+        tv = set(self.thread_vars)
+        if isinstance(stmt, tirx.SeqStmt):
+            return _seq([self.run(s) for s in stmt.seq])
+        if isinstance(stmt, tirx.AllocBuffer):
+            return self._alloc(stmt.buffer)
+        if isinstance(stmt, tirx.For) and not _uses(stmt.min, tv) and not _uses(stmt.extent, tv):
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, self.run(stmt.body))
+        if isinstance(stmt, tirx.IfThenElse) and not _uses(stmt.condition, tv):
+            return tirx.IfThenElse(stmt.condition, self.run(stmt.then_case),
+                                   self.run(stmt.else_case) if stmt.else_case is not None else None)
+        if isinstance(stmt, tirx.AttrStmt):
+            if stmt.attr_key == "reduce_scope":
+                return self._allreduce(stmt)
+            if stmt.attr_key in ("thread_extent", "virtual_thread"):
+                raise EmulationError("a launch attribute inside a kernel body")
+            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
+        if isinstance(stmt, tirx.Evaluate) and _op_name(stmt.value) == "tirx.tvm_storage_sync":
+            return tirx.Evaluate(_i64(0))       # lock step is already synchronised
+        if _is_grid_sync(stmt):
+            raise EmulationError("a grid sync inside a stage loop (only between stages is modelled)")
+        if _calls(stmt, BARRIERS):
+            raise EmulationError("a barrier under thread-dependent control flow: "
+                                 "some threads would never reach it")
+        return self.for_all_threads(stmt)
+
+    def _alloc(self, buf) -> tirx.Stmt:
+        ty = buf.ty
+        scope = str(ty.storage_scope)
+        if scope.startswith("local") or scope == "warp":
+            new = tirx.decl_buffer([_i64(self.n)] + list(ty.shape), ty.dtype, f"{buf.name}_per_thread", scope="global")
+            self.locals[buf] = new
+            fill = _poison(new)
+        elif scope.startswith("shared"):
+            new = tirx.decl_buffer(list(ty.shape), ty.dtype, f"{buf.name}_block", scope="global")
+            self.shared[buf] = new
+            fill = _poison(new)
+        else:
+            return tirx.AllocBuffer(buf)
+        return _seq([tirx.AllocBuffer(new)] + ([fill] if fill is not None else []))
+
+    def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
+        """``tvm_thread_allreduce(size, v, cond, out, *idx)``: every thread of a group gets the
+        combination, in thread order, of its group's values where ``cond`` holds. Groups: threads
+        with equal ``t - idx(t)`` (a reduction over the innermost thread dimension)."""
+        reducer = attr.node
+        calls = _calls(attr.body, ("tirx.tvm_thread_allreduce",))
+        if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
+            raise EmulationError("an unexpected cross-thread reduction form")
+        args = list(calls[0].args)
+        size = int(args[0].value)
+        if size != 1:
+            raise EmulationError(f"a {size}-value cross-thread reduction (only one value is modelled)")
+        value, cond, out, idx = args[1], args[2], args[3], args[4:]
+        t, u = tirx.Var("t", _I64), tirx.Var("u", _I64)
+        acc = tirx.decl_buffer([1], _ty(value), "allreduce_acc", scope="global")
+        combined = tvm_ffi.structural_map(reducer.result[0], (tirx.Var, lambda v: tirx.BufferLoad(acc, [_i64(0)])
+                                                              if v.same_as(reducer.lhs[0]) else
+                                                              (self.per_thread(value, u) if v.same_as(reducer.rhs[0]) else v)))
+        key = (lambda th: th - (self.per_thread(idx[0], th) if idx else th))
+        same = tirx.EQ(tirx.Cast(_I64, key(u)), tirx.Cast(_I64, key(t)))
+        gather = tirx.For(u, _i64(0), _i64(self.n), tirx.ForKind.SERIAL,
+                          tirx.IfThenElse(tirx.And(same, self.per_thread(cond, u)),
+                                          tirx.BufferStore(acc, combined, [_i64(0)]), None))
+        if not isinstance(out, tvm.ir.TensorLoad):
+            raise EmulationError("a cross-thread reduction whose result is not a buffer element")
+        result = self.per_thread(tirx.BufferStore(out.source, tirx.BufferLoad(acc, [_i64(0)]), list(out.indices)), t)
+        body = _seq([tirx.BufferStore(acc, reducer.identity_element[0], [_i64(0)]), gather, result])
+        return _seq([tirx.AllocBuffer(acc), tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)])
+
+
+def _serial(stmt):
+    """Vectorized/unrolled loops become serial: the CPU program need not vectorise."""
+    return tvm_ffi.structural_map(stmt, (tirx.For, lambda f: tirx.For(f.loop_var, f.min, f.extent, tirx.ForKind.SERIAL,
+                                                                       f.body) if f.kind != tirx.ForKind.SERIAL else f))
+
+
+def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
+    """Launch attributes off the top of a region; virtual threads become serial loops."""
+    blocks, threads, vthreads = {}, {}, []
+    node = region
+    while isinstance(node, tirx.AttrStmt) and node.attr_key in ("thread_extent", "virtual_thread"):
+        iv = node.node
+        tag = str(iv.thread_tag)
+        if node.attr_key == "virtual_thread":
+            vthreads.append((iv.var, node.value))
+        else:
+            (blocks if tag.startswith("blockIdx") else threads)[tag] = (iv.var, int(node.value))
+        node = node.body
+    for var, ext in reversed(vthreads):
+        node = tirx.For(var, tirx.const(0, _ty(var)), ext if _ty(ext) == _ty(var) else tirx.Cast(_ty(var), ext),
+                        tirx.ForKind.SERIAL, node)
+    return blocks, threads, node
+
+
+def _launch(region) -> tirx.Stmt:
+    """One ``__global__``: its phases in order, each over every block."""
+    blocks, threads, body = _peel(region)
+    order = [threads[k] for k in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if k in threads]
+    thread_vars, stride = {}, 1
+    for var, ext in order:
+        thread_vars[var] = (stride, ext)
+        stride *= ext
+    n_threads = max(stride, 1)
+    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    phases, cur = [], []
+    for s in seq:
+        if _is_grid_sync(s):
+            phases.append(cur)
+            cur = []
+        else:
+            cur.append(s)
+    phases.append(cur)
+    out = []
+    for phase in phases:
+        emu = _Block(thread_vars, n_threads).run(_seq(phase))
+        # fresh block loop variables per phase: one definition each
+        fresh = {var: tirx.Var(var.name, _ty(var)) for var, _ in blocks.values()}
+        emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v: fresh.get(v, v)))
+        for tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z"):
+            if tag in blocks:
+                var, ext = blocks[tag]
+                emu = tirx.For(fresh[var], tirx.const(0, _ty(var)), tirx.const(ext, _ty(var)), tirx.ForKind.SERIAL, emu)
+        out.append(emu)
+    return _seq(out)
+
+
+def _written_params(func: tirx.PrimFunc) -> list:
+    stored = []
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, lambda s: stored.append(s.buffer)))
+    return [p for p in func.params if any(p.same_as(b) for b in stored)]
+
+
+def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel") -> tirx.PrimFunc:
+    """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel)."""
+    from .stitch import _prefix_passes
+
+    func = func.with_attr("global_symbol", name)
+    mod = tirx.transform.BindTarget(target)(tvm.IRModule({name: func}))
+    with target:
+        low = tvm.transform.Sequential(_prefix_passes())(mod)[name]
+    top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
+    body = []
+    for p in _written_params(low):
+        fill = _poison(p)
+        if fill is not None:
+            body.append(fill)
+    for item in top:
+        if isinstance(item, tirx.AllocBuffer):
+            body.append(item)
+            fill = _poison(item.buffer)
+            if fill is not None:
+                body.append(fill)
+        elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
+            body.append(_launch(item))
+        else:
+            raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
+    attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
+    attrs.update({"global_symbol": name, "tirx.noalias": True})
+    return tirx.PrimFunc(low.params, _seq(body), attrs=tvm.ir.DictAttrs(attrs))
+
+
+def emulate_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Every PrimFunc of a CUDA-scheduled module replaced by its CPU emulation (Relax ``main`` kept)."""
+    out = {}
+    for gv, f in mod.functions.items():
+        out[gv] = emulate_primfunc(f, target, gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def threads_of(func: tirx.PrimFunc) -> int:
+    """Threads per block of a launch-form kernel (for messages and tests)."""
+    _, threads, _ = _peel(func.body)
+    return math.prod(e for _, e in threads.values()) or 1

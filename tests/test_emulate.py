@@ -1,0 +1,94 @@
+"""GPU semantics on the CPU: the stitched kernels themselves run (emulated) and match the reference;
+planted faults (a missing grid sync, a grid-stride indexing error) are caught."""
+
+import pytest
+import tvm
+from tvm import tirx
+import tvm_ffi
+
+from conftest import ZOO
+from souffle_tvm import emulate, pipeline, runner, stitch
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+
+CUDA = make_target("cuda")
+
+
+def _v3(name):
+    m = import_onnx(name, small=True, dtype="float32")
+    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+
+
+def _run_emulated(m, souffle, mod=None):
+    ex = tvm.compile(emulate.emulate_module(mod or souffle.mod, CUDA), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    return runner.compare(m.outputs, outs, ref)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return _v3("bert")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_emulated_stitched_kernels_match_the_reference(name, bert):
+    m, souffle = bert if name == "bert" else _v3(name)
+    assert souffle.stitched, "no stitched kernel to emulate"
+    for cmp in _run_emulated(m, souffle):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+
+
+def _replace_stitched(souffle, func):
+    mod = souffle.mod
+    gv = mod.get_global_var("souffle_stitched_0")
+    out = tvm.IRModule({g: (func if g.same_as(gv) else f) for g, f in mod.functions.items()}, attrs=mod.attrs)
+    return out
+
+
+def _rebuild(func, seq):
+    node, attrs = func.body, []
+    while isinstance(node, tirx.AttrStmt):
+        attrs.append(node)
+        node = node.body
+    body = tirx.SeqStmt(seq)
+    for a in reversed(attrs):
+        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
+    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+
+
+def test_a_missing_grid_sync_is_caught(bert):
+    m, souffle = bert
+    func = souffle.mod["souffle_stitched_0"]
+    seq = stitch._stage_loops(func)
+    first = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    broken = _rebuild(func, seq[:first] + seq[first + 1:])
+    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, broken))
+    assert not all(c.ok(1e-5) for c in cmp)
+
+
+def test_a_grid_stride_indexing_error_is_caught(bert):
+    m, souffle = bert
+    func = souffle.mod["souffle_stitched_0"]
+    bid = func.body.node.var                    # blockIdx.x of the stitched kernel
+    seq = stitch._stage_loops(func)
+    # inside the first stage loop (its trip count untouched), the virtual block id it*G + bid
+    # becomes it*G + bid // 2: some virtual blocks run twice, others never
+    loop = seq[0]
+    body = tvm_ffi.structural_map(loop.body, (tirx.Var, lambda v: tirx.floordiv(v, tirx.const(2, "int64"))
+                                              if v.same_as(bid) else v))
+    planted = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body)
+    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, _rebuild(func, [planted] + seq[1:])))
+    assert not all(c.ok(1e-5) for c in cmp)
+
+
+def test_a_barrier_under_a_thread_condition_is_refused(bert):
+    _, souffle = bert
+    func = souffle.mod["souffle_stitched_0"]
+    seq = stitch._stage_loops(func)
+    tid = func.body.body.node.var
+    i = next(i for i, s in enumerate(seq) if not stitch._is_grid_sync(s) and emulate._calls(s, emulate.BARRIERS))
+    guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
+    with pytest.raises(emulate.EmulationError, match="barrier|grid sync"):
+        emulate.emulate_primfunc(_rebuild(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

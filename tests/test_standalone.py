@@ -1,0 +1,74 @@
+"""Exported libraries run with the TVM runtime alone (what the GPU machine has), and the GPU
+check's bundle is complete. The CUDA half needs a GPU; here the same loader runs llvm builds."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import needs_nvcc
+from souffle_tvm import numerics, resources, standalone
+from souffle_tvm.api import compile as compile_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("fusion,level", [("tvm", "v2"), ("souffle", "v3")])
+def test_exported_library_runs_without_the_tvm_package(tmp_path, fusion, level):
+    c = compile_model("mmoe", "llvm", fusion, small=True, level=level)
+    lib = tmp_path / "m.so"
+    c.export_library(str(lib))
+    feeds = numerics.random_inputs(c.model.inputs, seed=3)
+    np.savez(tmp_path / "io.npz", *[feeds[i.name] for i in c.model.inputs], *c.model.params)
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        sys.path.insert(0, {str(ROOT)!r})
+        from souffle_tvm import standalone
+        standalone.load_runtime(standalone.installed_runtime_dir(), cuda=False)
+        d = np.load({str(tmp_path / 'io.npz')!r})
+        outs = standalone.VM({str(lib)!r}, "cpu")(*[d[k] for k in sorted(d.files, key=lambda k: int(k[4:]))])
+        np.savez({str(tmp_path / 'out.npz')!r}, *[np.from_dlpack(o) for o in outs])
+        assert "tvm" not in sys.modules, "the standalone path imported the compiler"
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    got = np.load(tmp_path / "out.npz")
+    _, ref = numerics.reference_outputs(c.model.onnx_model, feeds)
+    cmp = numerics.compare(c.model.outputs, [got[k] for k in sorted(got.files)], ref)
+    assert all(x.ok(1e-5) for x in cmp), cmp
+
+
+def test_cubin_store_answers_by_source_and_counts(tmp_path):
+    store = standalone.CubinStore(tmp_path, "sm_90")
+    store.path("// a").write_bytes(b"\x7fELFcubin")
+    assert store("// a") == b"\x7fELFcubin" and (store.hits, store.misses) == (1, 0)
+    # the key is the ptxas cache's: one source, one compile, whichever asks first
+    assert store.path("// a").name.startswith(standalone.cubin_key("// a", "sm_90"))
+
+
+@needs_nvcc
+def test_gpu_check_bundle_is_complete(tmp_path):
+    bundle = tmp_path / "b"
+    proc = subprocess.run([sys.executable, str(ROOT / "python" / "gpu_check.py"), "prepare", "--bundle", str(bundle),
+                           "--models", "mmoe", "--sizes", "small"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((bundle / "manifest.json").read_text())
+    for name in standalone.RUNTIME_LIBS + standalone.CUDA_RUNTIME_LIBS:
+        assert (bundle / "runtime" / name).exists()
+    kinds = {p["kind"]: p for p in m["probes"]}
+    ok, over = kinds["coresident"], kinds["oversized"]
+    assert ok["grid"] == 132 * ok["predicted_blocks_per_sm"] and over["grid"] == ok["grid"] + 132
+    assert ok["grid_sync"] and not kinds["nosync"]["grid_sync"]
+    assert [c["id"] for c in m["cases"]] == ["mmoe-small-tvm", "mmoe-small-souffle"]
+    for case in m["cases"]:
+        assert (bundle / case["lib"]).exists() and (bundle / case["io_npz"]).exists()
+        for k in case["report"]["kernels"]:
+            assert (bundle / "cubins" / k["cubin"]).read_bytes()[:4] == b"\x7fELF"
+    souffle = m["cases"][1]
+    assert souffle["report"]["launches"] == 1 and souffle["report"]["kernels"][0]["cooperative"]
+    # every weight is either regenerable from the zoo's seed or carried
+    assert {p["src"] for c in m["cases"] for p in c["params"]} <= {"onnx", "npz"}
+    assert resources.nvcc_path() is not None
