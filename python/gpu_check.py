@@ -74,7 +74,7 @@ def prepare(args) -> int:
     manifest["probes"] = _build_probes(out, store)
     gpu = hardware.for_arch(ARCH)
     carried = 0
-    steps = [(m, s, f) for m in args.models for s in args.sizes for f in ("tvm", "souffle")]
+    steps = [(m, s, f) for m in args.models for s in args.sizes for f in args.fusions]
     for n, (name, size, fusion) in enumerate(steps, 1):
         small = size == "small"
         dtype = zoo.MODELS[name].paper_dtype
@@ -407,7 +407,7 @@ def _params(bundle: Path, case: dict, onnx_cache: dict, torch):
             else:
                 out.append(torch.zeros(spec["shape"], device="cuda", dtype=dtype))
             continue
-        out.append(torch.from_numpy(np.ascontiguousarray(arr)).to("cuda"))
+        out.append(torch.from_numpy(np.array(arr, order="C")).to("cuda"))   # ascontiguousarray makes 0-d arrays 1-d
     return out, real
 
 
@@ -457,7 +457,7 @@ def _run_case(bundle: Path, case: dict, onnx_cache: dict, deadline: Deadline, ar
             ref, r["reference"] = onnx_cache[key]
         else:
             r["reference"] = None if real else "none: some weights are random stand-ins (too large to carry)"
-    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.ascontiguousarray(feeds[s.name])).to("cuda"))
+    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))
                 for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
 
     def once():
@@ -543,7 +543,10 @@ def _trace(once, torch) -> dict:
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type.name == "CUDA"
                  and not e.name.lower().startswith(("memcpy", "memset"))]
-        return {"kernels_traced": len(names), "distinct_traced": len(set(names))}
+        from collections import Counter
+
+        return {"kernels_traced": len(names), "distinct_traced": len(set(names)),
+                "kernel_names": dict(Counter(names).most_common(40))}
     except Exception as err:
         return {"trace_error": str(err)[:300]}
 
@@ -573,6 +576,7 @@ def main() -> int:
     p.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
     p.add_argument("--models", nargs="*", default=zoo.names())
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
+    p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=["tvm", "souffle"])
     p.add_argument("--carry-mib", type=float, default=40.0,
                    help="full-size weights changed by the compiler, carried up to this much (else random)")
     r = sub.add_parser("run", help="run the bundle on a GPU (needs torch and tvm_ffi; no TVM)")

@@ -180,7 +180,8 @@ class _Block:
     def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
         """``tvm_thread_allreduce(size, v, cond, out, *idx)``: every thread of a group gets the
         combination, in thread order, of its group's values where ``cond`` holds. Groups: threads
-        with equal ``t - idx(t)`` (a reduction over the innermost thread dimension)."""
+        with equal ``t - idx(t)`` (a reduction over the innermost thread dimension; another
+        layout gives a wrong answer here, never a silent pass)."""
         reducer = attr.node
         calls = _calls(attr.body, ("tirx.tvm_thread_allreduce",))
         if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
@@ -190,21 +191,26 @@ class _Block:
         if size != 1:
             raise EmulationError(f"a {size}-value cross-thread reduction (only one value is modelled)")
         value, cond, out, idx = args[1], args[2], args[3], args[4:]
-        t, u = tirx.Var("t", _I64), tirx.Var("u", _I64)
-        acc = tirx.decl_buffer([1], _ty(value), "allreduce_acc", scope="global")
-        combined = tvm_ffi.structural_map(reducer.result[0], (tirx.Var, lambda v: tirx.BufferLoad(acc, [_i64(0)])
-                                                              if v.same_as(reducer.lhs[0]) else
-                                                              (self.per_thread(value, u) if v.same_as(reducer.rhs[0]) else v)))
-        key = (lambda th: th - (self.per_thread(idx[0], th) if idx else th))
-        same = tirx.EQ(tirx.Cast(_I64, key(u)), tirx.Cast(_I64, key(t)))
-        gather = tirx.For(u, _i64(0), _i64(self.n), tirx.ForKind.SERIAL,
-                          tirx.IfThenElse(tirx.And(same, self.per_thread(cond, u)),
-                                          tirx.BufferStore(acc, combined, [_i64(0)]), None))
         if not isinstance(out, tvm.ir.TensorLoad):
             raise EmulationError("a cross-thread reduction whose result is not a buffer element")
-        result = self.per_thread(tirx.BufferStore(out.source, tirx.BufferLoad(acc, [_i64(0)]), list(out.indices)), t)
-        body = _seq([tirx.BufferStore(acc, reducer.identity_element[0], [_i64(0)]), gather, result])
-        return _seq([tirx.AllocBuffer(acc), tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)])
+        # one accumulator per group, indexed by the group key t - idx(t) (in [0, n)): O(n)
+        acc = tirx.decl_buffer([_i64(self.n)], _ty(value), "allreduce_acc", scope="global")
+
+        def key(th):
+            return tirx.Cast(_I64, th - self.per_thread(idx[0], th)) if idx else _i64(0)
+
+        t = [tirx.Var(f"t{i}", _I64) for i in range(3)]
+        at = lambda th: tirx.BufferLoad(acc, [key(th)])  # noqa: E731
+        combined = tvm_ffi.structural_map(reducer.result[0], (tirx.Var, lambda v: at(t[1]) if v.same_as(reducer.lhs[0])
+                                                              else (self.per_thread(value, t[1])
+                                                                    if v.same_as(reducer.rhs[0]) else v)))
+        loops = [
+            tirx.BufferStore(acc, reducer.identity_element[0], [key(t[0])]),
+            tirx.IfThenElse(self.per_thread(cond, t[1]), tirx.BufferStore(acc, combined, [key(t[1])]), None),
+            self.per_thread(tirx.BufferStore(out.source, at(t[2]), list(out.indices)), t[2]),
+        ]
+        return _seq([tirx.AllocBuffer(acc)] + [tirx.For(th, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)
+                                               for th, body in zip(t, loops)])
 
 
 def _serial(stmt):

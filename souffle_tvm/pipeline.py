@@ -31,6 +31,7 @@ class SouffleModule:
     partition: Partition
     params: list                   # weight arrays ``mod["main"]`` takes after the inputs
     stitched: list = field(default_factory=list)      # StitchedKernel per cooperative kernel
+    unstitched: tvm.IRModule | None = None            # ``mod`` before stitching (for restitch)
     subprograms: list = field(default_factory=list)   # (group indices, reason for the cut)
 
 
@@ -57,7 +58,17 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     return result
 
 
-def _stitch(result: SouffleModule, target: tvm.target.Target) -> None:
+def restitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, int]) -> SouffleModule:
+    """The same subprograms stitched again with per-kernel grid sizes (``{kernel name: blocks}``),
+    e.g. the co-resident limit measured from the first build's registers."""
+    import dataclasses
+
+    again = dataclasses.replace(result, mod=result.unstitched)
+    _stitch(again, target, grids)
+    return again
+
+
+def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, int] | None = None) -> None:
     """Group the partition's kernels into subprograms and stitch each into one kernel."""
     from . import hardware, stitch
 
@@ -77,7 +88,8 @@ def _stitch(result: SouffleModule, target: tvm.target.Target) -> None:
     gpu = hardware.for_arch(str(target.attrs["arch"]))
     # One block per SM is co-resident for any kernel that launches at all (256 threads, static
     # shared memory): the measured occupancy is checked again after ptxas.
+    result.unstitched = result.mod
     result.mod, result.stitched = stitch.stitch_module(
         result.mod, target, [[call_index[i] for i in idx if i in call_index] for idx, _ in subs],
-        grid=gpu.sms, block=STITCH_BLOCK, coresident=gpu.sms)
+        grid=gpu.sms, block=STITCH_BLOCK, coresident=gpu.sms, grids=grids)
     result.subprograms = subs

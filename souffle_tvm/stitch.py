@@ -341,16 +341,21 @@ class StitchedKernel:
     grid_syncs: int
     grid: int
     safety: SafetyReport | None = None
+    max_blocks: int = 0            # the most blocks any stage has: more grid would idle
     refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
 
 
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
-                  block: int = 256, coresident: int | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  block: int = 256, coresident: int | None = None,
+                  grids: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
     bindings. The stage PrimFuncs must be scheduled with ``block`` threads. Intermediates
     become extra outputs of the stitched call (global buffers the VM allocates).
+
+    Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
+    stages has (more would idle at every grid sync); ``coresident`` is checked against it.
     """
     from tvm import relax
 
@@ -391,8 +396,10 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                     if k not in done:
                         done.add(k)
                         calls = [bindings[call_pos[j]] for j in subprograms[k]]
-                        kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls),
-                                                      env, grid, block, coresident, f"souffle_stitched_{k}"))
+                        name = f"souffle_stitched_{k}"
+                        kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls), env,
+                                                      (grids or {}).get(name, grid), block,
+                                                      max(coresident or 0, (grids or {}).get(name, 0)) or None, name))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -453,6 +460,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
         if not any(a.same_as(x) for x in inputs):
             inputs.append(a)
     keys = [_Key(x) for x in inputs] + produced
+    grid = max(1, min(grid, max(st.num_blocks for st in stages)))
     func, syncs = stitch(stages, [[_Key(x) if not isinstance(x, tuple) else x for x in fa] for fa in args],
                          grid, block, name=name, target=target, param_keys=keys)
     safety = check(func, grid, coresident)
@@ -468,7 +476,8 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
         for alias, key in aliases.items():
             if isinstance(key, tuple) and key[1] == pos:
                 env[alias] = items[key]
-    return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety)
+    return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety,
+                          max_blocks=max(st.num_blocks for st in stages))
 
 
 class _Key:

@@ -38,8 +38,10 @@ def test_bert_v3_compiles_with_nvcc_and_fits(arch, tmp_path):
     assert len(re.findall(r"__global__[^;{]*\{", c.cuda_source)) == 4
     gpu = hardware.for_arch(arch)
     for k in r.kernels:
-        assert k.cooperative and k.grid == [gpu.sms, 1, 1] and k.block == [256, 1, 1]
+        assert k.cooperative and k.block == [256, 1, 1] and k.grid[1:] == [1, 1]
         assert k.spill_bytes == 0 and k.max_coresident >= gpu.sms
+        # the grid is what the stages can use, up to what the measured occupancy lets be co-resident
+        assert k.grid[0] <= k.max_coresident and k.grid[0] > 1
     c.export_library(str(tmp_path / "b.so"))
     assert b"tirx.use_cooperative_launch" in (tmp_path / "b.so").read_bytes()
 
@@ -138,3 +140,14 @@ def test_unstitchable_groups_stay_separate_kernels(monkeypatch):
     v3 = compile_model("mmoe", "cuda", "souffle", small=True, level="v3", nvcc=False).report
     assert v3.launches == v2.launches
     assert all("512 threads" in sp["reason"] for sp in v3.subprograms)
+
+
+@needs_nvcc
+def test_stitched_grid_grows_to_the_measured_coresident_limit():
+    # EfficientNet's stages have more blocks than fit at once: the second build launches exactly
+    # as many as the ptxas-measured occupancy lets be co-resident (one per SM was the first build)
+    r = compile_model("efficientnet", "cuda", "souffle", small=True, level="v3").report
+    (k,) = r.kernels
+    gpu = hardware.for_arch("sm_90")
+    occ = hardware.occupancy(gpu, 256, k.registers, k.shared_bytes)
+    assert occ.blocks_per_sm > 1 and k.grid[0] == occ.blocks_per_sm * gpu.sms == k.max_coresident
