@@ -70,6 +70,8 @@ def prepare(args) -> int:
     store = standalone.CubinStore(out / "cubins", ARCH)
     manifest = {"arch": ARCH, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "tvm": tvm.__version__, "cases": [], "probes": []}
+    if args.add and (out / "manifest.json").exists():   # grow an existing bundle, case by case
+        manifest["cases"] = json.loads((out / "manifest.json").read_text())["cases"]
     _copy_runtime(out)
     manifest["probes"] = _build_probes(out, store)
     gpu = hardware.for_arch(ARCH)
@@ -124,7 +126,7 @@ def prepare(args) -> int:
                 np.savez(io, **{f"in_{k}": v for k, v in feeds.items()},
                          **{f"ref_{i}": r for i, r in enumerate(ref)})
             case["io_npz"] = str(io.relative_to(out))
-        manifest["cases"].append(case)
+        manifest["cases"] = [c for c in manifest["cases"] if c["id"] != case_id] + [case]
         print(f"    launches {c.report.launches}, {time.perf_counter() - t:.1f} s", flush=True)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -577,6 +579,7 @@ def main() -> int:
     p.add_argument("--models", nargs="*", default=zoo.names())
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
     p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=["tvm", "souffle"])
+    p.add_argument("--add", action="store_true", help="keep the bundle's other cases")
     p.add_argument("--carry-mib", type=float, default=40.0,
                    help="full-size weights changed by the compiler, carried up to this much (else random)")
     r = sub.add_parser("run", help="run the bundle on a GPU (needs torch and tvm_ffi; no TVM)")
