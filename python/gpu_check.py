@@ -242,18 +242,9 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
 
 
 def _without_grid_syncs(func):
-    from tvm import tirx
-
     from souffle_tvm import stitch
 
-    node, attrs = func.body, []
-    while isinstance(node, tirx.AttrStmt):
-        attrs.append(node)
-        node = node.body
-    body = tirx.SeqStmt([s for s in stitch._stage_loops(func) if not stitch._is_grid_sync(s)])
-    for a in reversed(attrs):
-        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
-    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+    return stitch.replace_stages(func, [s for s in stitch._stage_loops(func) if not stitch._is_grid_sync(s)])
 
 
 # == run (device) =================================================================================

@@ -270,6 +270,19 @@ def _stage_loops(func: tirx.PrimFunc) -> list:
     return list(node.seq) if isinstance(node, tirx.SeqStmt) else [node]
 
 
+def replace_stages(func: tirx.PrimFunc, seq: list) -> tirx.PrimFunc:
+    """``func`` with its top-level stage sequence replaced, launch attributes kept (for planting
+    faults: a sync removed, a stage guarded or re-indexed)."""
+    node, attrs = func.body, []
+    while isinstance(node, tirx.AttrStmt):
+        attrs.append(node)
+        node = node.body
+    body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
+    for a in reversed(attrs):
+        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
+    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+
+
 def _is_grid_sync(stmt) -> bool:
     return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
             and getattr(stmt.value.op, "name", "") == "tirx.cuda.grid_sync")

@@ -47,23 +47,12 @@ def _replace_stitched(souffle, func):
     return out
 
 
-def _rebuild(func, seq):
-    node, attrs = func.body, []
-    while isinstance(node, tirx.AttrStmt):
-        attrs.append(node)
-        node = node.body
-    body = tirx.SeqStmt(seq)
-    for a in reversed(attrs):
-        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
-    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
-
-
 def test_a_missing_grid_sync_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
     seq = stitch._stage_loops(func)
     first = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
-    broken = _rebuild(func, seq[:first] + seq[first + 1:])
+    broken = stitch.replace_stages(func, seq[:first] + seq[first + 1:])
     cmp = _run_emulated(m, souffle, _replace_stitched(souffle, broken))
     assert not all(c.ok(1e-5) for c in cmp)
 
@@ -79,7 +68,7 @@ def test_a_grid_stride_indexing_error_is_caught(bert):
     body = tvm_ffi.structural_map(loop.body, (tirx.Var, lambda v: tirx.floordiv(v, tirx.const(2, "int64"))
                                               if v.same_as(bid) else v))
     planted = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body)
-    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, _rebuild(func, [planted] + seq[1:])))
+    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, stitch.replace_stages(func, [planted] + seq[1:])))
     assert not all(c.ok(1e-5) for c in cmp)
 
 
@@ -91,4 +80,4 @@ def test_a_barrier_under_a_thread_condition_is_refused(bert):
     i = next(i for i, s in enumerate(seq) if not stitch._is_grid_sync(s) and emulate._calls(s, emulate.BARRIERS))
     guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
     with pytest.raises(emulate.EmulationError, match="barrier|grid sync"):
-        emulate.emulate_primfunc(_rebuild(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)
+        emulate.emulate_primfunc(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

@@ -65,17 +65,6 @@ def test_v3_cpu_twin_matches():
         assert cmp.rel_l2 < 1e-5
 
 
-def _rebuild(func, seq):
-    node, attrs = func.body, []
-    while isinstance(node, tirx.AttrStmt):
-        attrs.append(node)
-        node = node.body
-    body = tirx.SeqStmt(seq)
-    for a in reversed(attrs):
-        body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
-    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
-
-
 def _stitched_func(bert_v3):
     return next(f for gv, f in bert_v3.mod.functions.items() if gv.name_hint == "souffle_stitched_0")
 
@@ -85,7 +74,7 @@ def test_static_check_catches_a_removed_sync(bert_v3):
     assert stitch.check(func, 132, 528).ok
     seq = stitch._stage_loops(func)
     first_sync = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
-    broken = _rebuild(func, seq[:first_sync] + seq[first_sync + 1:])
+    broken = stitch.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:])
     problems = stitch.check(broken, 132, 528).problems
     assert problems and "no grid sync" in problems[0]
 
@@ -101,7 +90,7 @@ def test_static_check_catches_a_guarded_barrier(bert_v3):
     tid = next(a.node.var for a in [func.body.body] if isinstance(a, tirx.AttrStmt))
     i = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
     guarded = tirx.IfThenElse(tid < tirx.const(128, tid.ty), seq[i], None)
-    problems = stitch.check(_rebuild(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
+    problems = stitch.check(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
     assert any("under a condition" in p for p in problems)
 
 
