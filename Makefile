@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all bench lint clean
+.PHONY: install test test-all bench gpu-bundle lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test-all: $(PY)
 
 bench: $(PY)
 	$(PY) python/bench_launches.py
+
+# The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with python/gpu_check.py run
+gpu-bundle: $(PY)
+	$(PY) python/gpu_check.py prepare
 
 lint: $(PY)
 	$(PY) -m pyflakes souffle_tvm tests python

@@ -73,6 +73,8 @@ def prepare(args) -> int:
     if args.add and (out / "manifest.json").exists():   # grow an existing bundle, case by case
         manifest["cases"] = json.loads((out / "manifest.json").read_text())["cases"]
     _copy_runtime(out)
+    if not args.no_wheel:
+        _fetch_ffi_wheel(out / "wheels")
     manifest["probes"] = _build_probes(out, store)
     gpu = hardware.for_arch(ARCH)
     carried = 0
@@ -184,6 +186,21 @@ def _copy_runtime(out: Path) -> None:
         shutil.copy2(found[0].resolve(), rt / "libcudart.so.13")
     elif ctypes.util.find_library("cudart") is None:
         print("note: libcudart.so.13 not found here; the device's own will be used", flush=True)
+
+
+def _fetch_ffi_wheel(dest: Path) -> None:
+    """The device's Python is 3.12: fetch the matching apache-tvm-ffi wheel once (PyPI)."""
+    import importlib.metadata
+
+    if list(dest.glob("apache_tvm_ffi-*-cp312-*.whl")):
+        return
+    version = importlib.metadata.version("apache-tvm-ffi")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+           "--platform", "manylinux_2_17_x86_64", "-d", str(dest), f"apache-tvm-ffi=={version}"]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        print(f"note: could not download apache-tvm-ffi=={version} for cp312 into {dest}; "
+              "put it there before running on the device", flush=True)
 
 
 def _build_probes(out: Path, store) -> list[dict]:
@@ -571,6 +588,7 @@ def main() -> int:
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
     p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=["tvm", "souffle"])
     p.add_argument("--add", action="store_true", help="keep the bundle's other cases")
+    p.add_argument("--no-wheel", action="store_true", help="do not download the cp312 apache-tvm-ffi wheel")
     p.add_argument("--carry-mib", type=float, default=40.0,
                    help="full-size weights changed by the compiler, carried up to this much (else random)")
     r = sub.add_parser("run", help="run the bundle on a GPU (needs torch and tvm_ffi; no TVM)")
