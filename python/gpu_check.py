@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -89,7 +90,7 @@ def prepare(args) -> int:
         lib = out / "libs" / f"{case_id}.so"
         c.executable.export_library(str(lib))
         if c.cuda_source:
-            store.add(c.cuda_source)
+            store.add(c.cuda_source)        # compiled once already, for the report's figures
         onnx_model = c.model.onnx_model
         by_digest = {_digest(numpy_helper.to_array(i)): i.name for i in onnx_model.graph.initializer}
         params, to_carry = [], {}
@@ -150,20 +151,17 @@ def pack(bundle: Path) -> Path:
 
 
 def _summary(report, gpu, cubin: str | None) -> dict:
-    from souffle_tvm.hardware import occupancy
-
     kernels = []
     seen = set()
     for k in report.kernels:
         if k.name in seen:
             continue
         seen.add(k.name)
-        threads = k.block[0] * k.block[1] * k.block[2] if k.block else None
-        occ = occupancy(gpu, threads, k.registers, k.shared_bytes or 0) if k.registers is not None else None
         kernels.append({"name": k.name, "grid": k.grid, "block": k.block, "registers": k.registers,
                         "shared_bytes": k.shared_bytes, "cooperative": k.cooperative,
                         "grid_syncs": k.grid_syncs, "launches": k.launches, "cubin": cubin,
-                        "predicted_blocks_per_sm": occ.blocks_per_sm if occ else None})
+                        # the build's own co-residency check (cooperative kernels only)
+                        "predicted_blocks_per_sm": k.max_coresident // gpu.sms if k.max_coresident else None})
     return {"launches": report.launches, "distinct_kernels": report.distinct_kernels,
             "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in report.kernels),
             "compile_seconds": report.compile_seconds, "fallback": report.fallback, "kernels": kernels}
@@ -227,7 +225,6 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     from souffle_tvm import build_tvm, hardware, resources, stitch
     from souffle_tvm.targets import make_target
 
-    assert build_tvm.record_device_kernels is not None   # importing build_tvm registers its TIR pipeline
     target = make_target("cuda", ARCH)
     n, shift = grid * block * 2, block * 3 + 1
     A = te.placeholder((n,), "float32", "A")
@@ -244,12 +241,12 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     func, _ = stitch.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
     if kind == "nosync":
         func = _without_grid_syncs(func)
-    lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline="souffle_tvm.recorded")
+    lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=build_tvm.TIR_PIPELINE)
     path = out / "libs" / f"{name}.so"
     lib.export_library(str(path))
     src = "\n".join(m.inspect_source() for m in lib.imports if m.kind == "cuda")
-    store.add(src)
     res = resources.measure(src, ARCH)
+    store.add(src)                      # the cubin measure compiled: no second nvcc
     kname = next(iter(res))
     occ = hardware.occupancy(hardware.for_arch(ARCH), block, res[kname].registers, res[kname].shared_bytes)
     return {"name": name, "kind": kind, "lib": str(path.relative_to(out)), "func": name, "kernel": kname,
@@ -261,7 +258,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
 def _without_grid_syncs(func):
     from souffle_tvm import stitch
 
-    return stitch.replace_stages(func, [s for s in stitch._stage_loops(func) if not stitch._is_grid_sync(s)])
+    return stitch.replace_stages(func, [s for s in stitch.stage_loops(func) if not stitch.is_grid_sync(s)])
 
 
 # == run (device) =================================================================================
@@ -301,7 +298,7 @@ def run(args) -> int:
         save()
     result["occupancy"] = _occupancy(bundle, manifest)
     save()
-    onnx_cache: dict = {}
+    zoo_cache = _Zoo()
     wanted = [c for c in manifest["cases"] if not args.cases or any(s in c["id"] for s in args.cases)]
     for case in wanted:
         if deadline.left() < 20:
@@ -309,7 +306,7 @@ def run(args) -> int:
             continue
         t = time.monotonic()
         try:
-            r = _run_case(bundle, case, onnx_cache, deadline, args)
+            r = _run_case(bundle, case, zoo_cache, deadline, args)
         except Exception as err:  # one broken case must not lose the others' results
             r = {"id": case["id"], "error": f"{type(err).__name__}: {str(err)[:1500]}"}
         r["seconds"] = round(time.monotonic() - t, 1)
@@ -393,10 +390,9 @@ def _occupancy(bundle: Path, manifest: dict) -> list[dict]:
     return rows
 
 
-def _params(bundle: Path, case: dict, onnx_cache: dict, torch):
+def _params(bundle: Path, case: dict, zoo_cache: _Zoo, torch):
     """The case's weights on the GPU, and whether every one is the real (seeded) value."""
     npz = np.load(bundle / case["params_npz"]) if case.get("params_npz") else None
-    model = None
     real = True
     out = []
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -405,9 +401,7 @@ def _params(bundle: Path, case: dict, onnx_cache: dict, torch):
         if spec["src"] == "npz":
             arr = npz[spec["key"]]
         elif spec["src"] == "onnx":
-            if model is None:
-                model = _zoo_initializers(case, onnx_cache)
-            arr = model[spec["name"]]
+            arr = zoo_cache.weight(case, spec["name"])
             if _digest(arr) != spec["digest"]:
                 raise RuntimeError(f"regenerated weight {spec['name']} differs from the build machine's")
         else:
@@ -421,35 +415,46 @@ def _params(bundle: Path, case: dict, onnx_cache: dict, torch):
     return out, real
 
 
-def _zoo_model(case: dict, onnx_cache: dict):
-    key = (case["model"], case["size"])
-    if key not in onnx_cache:
-        for k in [k for k in onnx_cache if len(k) == 2]:
-            del onnx_cache[k]       # full-size models are big: keep one
-        onnx_cache[key] = zoo.build(case["model"], small=case["size"] == "small", dtype=case["dtype"])
-    return onnx_cache[key]
+class _Zoo:
+    """The zoo's ONNX models regenerated from their seeds on the device: one (full-size models
+    are big) with its initializers, and one onnxruntime reference per model for both fusions."""
+
+    def __init__(self):
+        self.key, self.model, self.weights = None, None, {}
+        self.references: dict = {}
+
+    def _load(self, case: dict) -> None:
+        key = (case["model"], case["size"])
+        if key != self.key:
+            from onnx import numpy_helper
+
+            self.model = zoo.build(case["model"], small=case["size"] == "small", dtype=case["dtype"])
+            self.weights = {i.name: numpy_helper.to_array(i) for i in self.model.graph.initializer}
+            self.key = key
+
+    def weight(self, case: dict, name: str) -> np.ndarray:
+        self._load(case)
+        return self.weights[name]
+
+    def reference(self, case: dict, feeds: dict) -> tuple[list, str]:
+        key = (case["model"], case["size"])
+        if key not in self.references:
+            self._load(case)
+            t = time.monotonic()
+            name, outs = numerics.reference_outputs(self.model, feeds)
+            self.references[key] = (outs, f"{name} (device CPU, {time.monotonic() - t:.1f} s)")
+        return self.references[key]
 
 
-def _zoo_initializers(case: dict, onnx_cache: dict) -> dict:
-    from onnx import numpy_helper
-
-    return {i.name: numpy_helper.to_array(i) for i in _zoo_model(case, onnx_cache).graph.initializer}
-
-
-class _Spec:
-    def __init__(self, d):
-        self.name, self.shape, self.dtype = d["name"], tuple(d["shape"]), d["dtype"]
-
-
-def _run_case(bundle: Path, case: dict, onnx_cache: dict, deadline: Deadline, args) -> dict:
+def _run_case(bundle: Path, case: dict, zoo_cache: _Zoo, deadline: Deadline, args) -> dict:
     import torch
     import tvm_ffi
 
     r = {"id": case["id"], "model": case["model"], "size": case["size"], "fusion": case["fusion"],
          "launches_compiled": case["report"]["launches"], "grid_syncs": case["report"]["grid_syncs"]}
     vm = standalone.VM(bundle / case["lib"], "cuda")
-    params, real = _params(bundle, case, onnx_cache, torch)
-    specs = [_Spec(i) for i in case["inputs"]]
+    params, real = _params(bundle, case, zoo_cache, torch)
+    specs = [SimpleNamespace(**i) for i in case["inputs"]]
     if case.get("io_npz"):
         io = np.load(bundle / case["io_npz"])
         feeds = {s.name: io[f"in_{s.name}"] for s in specs}
@@ -459,12 +464,7 @@ def _run_case(bundle: Path, case: dict, onnx_cache: dict, deadline: Deadline, ar
         feeds = numerics.random_inputs(specs, seed=0)
         ref = None
         if real and not args.no_full_reference:
-            key = ("reference", case["model"], case["size"])
-            if key not in onnx_cache:       # one onnxruntime run per model, shared by both fusions
-                sess_t = time.monotonic()
-                name, outs = numerics.reference_outputs(_zoo_model(case, onnx_cache), feeds)
-                onnx_cache[key] = (outs, f"{name} (device CPU, {time.monotonic() - sess_t:.1f} s)")
-            ref, r["reference"] = onnx_cache[key]
+            ref, r["reference"] = zoo_cache.reference(case, feeds)
         else:
             r["reference"] = None if real else "none: some weights are random stand-ins (too large to carry)"
     args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))

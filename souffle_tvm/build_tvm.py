@@ -92,7 +92,8 @@ def _recording_pipeline():
     return tvm.transform.Sequential([pipeline, attach_cooperative_launch, record_device_kernels]), host, device
 
 
-tirx.register_tir_pipeline("souffle_tvm.recorded", _recording_pipeline)
+TIR_PIPELINE = "souffle_tvm.recorded"   # TVM's s_tir pipeline + cooperative tag + kernel record
+tirx.register_tir_pipeline(TIR_PIPELINE, _recording_pipeline)
 
 
 @contextlib.contextmanager
@@ -171,7 +172,7 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, stats_from: tvm.IRModule
     fused = fuse(mod, target)
     t1 = time.perf_counter()
     with recording() as kernels:
-        ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline="souffle_tvm.recorded")
+        ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline=TIR_PIPELINE)
     t2 = time.perf_counter()
     calls = primfunc_calls(fused)
     flops, footprints = unscheduled_stats(stats_from if stats_from is not None else mod, target)

@@ -24,13 +24,12 @@ is trusted). docs/emulator.md says the same with examples.
 
 from __future__ import annotations
 
-import math
-
 import tvm
 import tvm_ffi
 from tvm import tirx
 
 from .errors import SouffleError
+from .stitch import is_grid_sync, launch_form
 
 BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce", "tirx.cuda.grid_sync")
 _I64 = "int64"
@@ -62,10 +61,6 @@ def _uses(node, vars_: set) -> bool:
     hit = []
     tvm_ffi.structural_walk(node, (tirx.Var, lambda v: hit.append(v) if v in vars_ else None))
     return bool(hit)
-
-
-def _is_grid_sync(stmt) -> bool:
-    return isinstance(stmt, tirx.Evaluate) and _op_name(stmt.value) == "tirx.cuda.grid_sync"
 
 
 def _seq(stmts: list) -> tirx.Stmt:
@@ -155,7 +150,7 @@ class _Block:
             return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
         if isinstance(stmt, tirx.Evaluate) and _op_name(stmt.value) == "tirx.tvm_storage_sync":
             return tirx.Evaluate(_i64(0))       # lock step is already synchronised
-        if _is_grid_sync(stmt):
+        if is_grid_sync(stmt):
             raise EmulationError("a grid sync inside a stage loop (only between stages is modelled)")
         if _calls(stmt, BARRIERS):
             raise EmulationError("a barrier under thread-dependent control flow: "
@@ -249,7 +244,7 @@ def _launch(region) -> tirx.Stmt:
     seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
     phases, cur = [], []
     for s in seq:
-        if _is_grid_sync(s):
+        if is_grid_sync(s):
             phases.append(cur)
             cur = []
         else:
@@ -277,12 +272,7 @@ def _written_params(func: tirx.PrimFunc) -> list:
 
 def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel") -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel)."""
-    from .stitch import _prefix_passes
-
-    func = func.with_attr("global_symbol", name)
-    mod = tirx.transform.BindTarget(target)(tvm.IRModule({name: func}))
-    with target:
-        low = tvm.transform.Sequential(_prefix_passes())(mod)[name]
+    low = launch_form(func, target, name)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     body = []
     for p in _written_params(low):
@@ -310,9 +300,3 @@ def emulate_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule
     for gv, f in mod.functions.items():
         out[gv] = emulate_primfunc(f, target, gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
     return tvm.IRModule(out, attrs=mod.attrs)
-
-
-def threads_of(func: tirx.PrimFunc) -> int:
-    """Threads per block of a launch-form kernel (for messages and tests)."""
-    _, threads, _ = _peel(func.body)
-    return math.prod(e for _, e in threads.values()) or 1

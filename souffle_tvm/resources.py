@@ -1,6 +1,7 @@
 """Per-kernel registers, shared memory and spills, read from ptxas (``nvcc --resource-usage``).
 
-Results are cached on disk by (source, arch) so a kernel is never compiled twice. When nvcc
+Results and the cubin are cached on disk by (source, arch) so a kernel is never compiled twice
+(the GPU check ships the same cubins the figures come from). When nvcc
 is absent, ``measure`` returns ``None`` and callers report "no resource figures" instead of
 failing.
 """
@@ -61,26 +62,47 @@ def parse_resource_usage(text: str) -> dict[str, KernelResources]:
     return out
 
 
+def cache_key(source: str, arch: str) -> str:
+    """One CUDA source for one arch: the name of its cached cubin and resource figures."""
+    return hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:32]
+
+
+def _compile(source: str, arch: str, timeout: float) -> dict[str, KernelResources]:
+    """nvcc once: the cubin and the parsed ptxas figures both go to the cache."""
+    key = cache_key(source, arch)
+    with tempfile.TemporaryDirectory(prefix="souffle_nvcc_") as tmp:
+        cu, out = Path(tmp) / "kernels.cu", Path(tmp) / "k.cubin"
+        cu.write_text(source)
+        cmd = [nvcc_path(), "-cubin", f"-arch={arch}", "--resource-usage", "-O3", "-o", str(out), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise ToolchainError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{tail}")
+        shutil.move(str(out), cache_dir() / f"{key}.cubin")
+    result = parse_resource_usage(proc.stdout + proc.stderr)
+    (cache_dir() / f"{key}.json").write_text(json.dumps({k: asdict(v) for k, v in result.items()}))
+    return result
+
+
 def measure(source: str, arch: str, timeout: float = 600.0) -> dict[str, KernelResources] | None:
     """Compile CUDA ``source`` for ``arch`` with nvcc and return per-kernel resources.
 
     Returns ``None`` when nvcc is not installed; raises ToolchainError when nvcc rejects the code.
     """
-    nvcc = nvcc_path()
-    if nvcc is None:
+    if nvcc_path() is None:
         return None
-    key = hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:32]
-    cached = cache_dir() / f"{key}.json"
+    cached = cache_dir() / f"{cache_key(source, arch)}.json"
     if cached.exists():
         return {k: KernelResources(**v) for k, v in json.loads(cached.read_text()).items()}
-    with tempfile.TemporaryDirectory(prefix="souffle_nvcc_") as tmp:
-        cu = Path(tmp) / "kernels.cu"
-        cu.write_text(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "--resource-usage", "-O3", "-o", str(Path(tmp) / "k.cubin"), str(cu)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise ToolchainError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{tail}")
-    result = parse_resource_usage(proc.stdout + proc.stderr)
-    cached.write_text(json.dumps({k: asdict(v) for k, v in result.items()}))
-    return result
+    return _compile(source, arch, timeout)
+
+
+def cubin(source: str, arch: str, timeout: float = 600.0) -> Path | None:
+    """The cubin ``measure`` compiled for ``source`` (compiled now if the cache has none);
+    ``None`` without nvcc."""
+    path = cache_dir() / f"{cache_key(source, arch)}.cubin"
+    if not path.exists():
+        if nvcc_path() is None:
+            return None
+        _compile(source, arch, timeout)
+    return path

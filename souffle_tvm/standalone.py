@@ -14,13 +14,13 @@ Kept free of ``import tvm``: tested on the CPU against the full TVM build (tests
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
+
+from . import resources
+from .resources import cache_key as cubin_key
 
 RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 CUDA_RUNTIME_LIBS = ("libtvm_runtime_cuda.so",)
@@ -36,23 +36,6 @@ def installed_runtime_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "lib"
 
 
-def cubin_key(source: str, arch: str) -> str:
-    """The same key ``resources.measure`` uses for its ptxas cache."""
-    return hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:32]
-
-
-def nvcc_cubin(source: str, arch: str, nvcc: str = "nvcc") -> bytes:
-    """Compile CUDA source to a cubin with the flags the resource report was measured with."""
-    with tempfile.TemporaryDirectory(prefix="souffle_cubin_") as tmp:
-        cu, out = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
-        cu.write_text(source)
-        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(cu)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return out.read_bytes()
-
-
 class CubinStore:
     """Answers the runtime's ``tvm_callback_cuda_compile``: a stored cubin, else nvcc here."""
 
@@ -64,11 +47,11 @@ class CubinStore:
         return self.dir / f"{cubin_key(source, self.arch)}.cubin"
 
     def add(self, source: str) -> Path:
-        """Compile ``source`` once and keep its cubin (the build machine's side)."""
+        """Keep ``source``'s cubin here: the one the resource report compiled (the build machine's side)."""
         p = self.path(source)
         if not p.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(nvcc_cubin(source, self.arch))
+            shutil.copyfile(self._compiled(source), p)
         return p
 
     def __call__(self, source: str, *_target) -> bytes:
@@ -77,9 +60,13 @@ class CubinStore:
             self.hits += 1
             return p.read_bytes()
         self.misses += 1
-        if shutil.which("nvcc") is None:
-            raise RuntimeError(f"no stored cubin for a CUDA module ({p.name}) and no nvcc to compile it")
-        return nvcc_cubin(source, self.arch)
+        return self._compiled(source).read_bytes()
+
+    def _compiled(self, source: str) -> Path:
+        path = resources.cubin(source, self.arch)
+        if path is None:
+            raise RuntimeError(f"no stored cubin for a CUDA module ({self.path(source).name}) and no nvcc to compile it")
+        return path
 
     def register(self) -> None:
         import tvm_ffi

@@ -40,6 +40,14 @@ def _prefix_passes():
             t.LowerOpaqueBlock()]
 
 
+def launch_form(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> tirx.PrimFunc:
+    """``func`` lowered to just before TVM's thread-sync passes: launch attributes, no blocks
+    (the form stages are stitched in, and the emulator reads)."""
+    mod = tirx.transform.BindTarget(target)(tvm.IRModule({name: func.with_attr("global_symbol", name)}))
+    with target:
+        return tvm.transform.Sequential(_prefix_passes())(mod)[name]
+
+
 @dataclass
 class LoweredStage:
     name: str
@@ -62,11 +70,7 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> li
     """Lower one scheduled PrimFunc; one LoweredStage per launch region it contains."""
     # Fresh variables per use: a PrimFunc called twice in one subprogram (TVM deduplicates
     # identical stages) must not declare the same buffers twice in the stitched kernel.
-    func = s_tir.renew_defs(func)
-    mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
-    mod = tirx.transform.BindTarget(target)(mod)
-    with target:
-        low = tvm.transform.Sequential(_prefix_passes())(mod)[name]
+    low = launch_form(s_tir.renew_defs(func), target, name)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     # A multi-kernel stage passes data between its kernels through global allocations; in a
     # stitched kernel they become scratch parameters (global buffers the VM allocates).
@@ -262,7 +266,7 @@ class SafetyReport:
         return not self.problems
 
 
-def _stage_loops(func: tirx.PrimFunc) -> list:
+def stage_loops(func: tirx.PrimFunc) -> list:
     """The stitched body's top-level sequence below the launch attributes."""
     node = func.body
     while isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
@@ -283,7 +287,7 @@ def replace_stages(func: tirx.PrimFunc, seq: list) -> tirx.PrimFunc:
     return tirx.PrimFunc(func.params, body, attrs=func.attrs)
 
 
-def _is_grid_sync(stmt) -> bool:
+def is_grid_sync(stmt) -> bool:
     return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
             and getattr(stmt.value.op, "name", "") == "tirx.cuda.grid_sync")
 
@@ -307,8 +311,8 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
     params = list(func.params)
     written_since_sync: dict = {}
     stages = syncs = 0
-    for stmt in _stage_loops(func):
-        if _is_grid_sync(stmt):
+    for stmt in stage_loops(func):
+        if is_grid_sync(stmt):
             syncs += 1
             written_since_sync = {}
             continue

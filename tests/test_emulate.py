@@ -50,8 +50,8 @@ def _replace_stitched(souffle, func):
 def test_a_missing_grid_sync_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
-    seq = stitch._stage_loops(func)
-    first = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    seq = stitch.stage_loops(func)
+    first = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
     broken = stitch.replace_stages(func, seq[:first] + seq[first + 1:])
     cmp = _run_emulated(m, souffle, _replace_stitched(souffle, broken))
     assert not all(c.ok(1e-5) for c in cmp)
@@ -61,7 +61,7 @@ def test_a_grid_stride_indexing_error_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
     bid = func.body.node.var                    # blockIdx.x of the stitched kernel
-    seq = stitch._stage_loops(func)
+    seq = stitch.stage_loops(func)
     # inside the first stage loop (its trip count untouched), the virtual block id it*G + bid
     # becomes it*G + bid // 2: some virtual blocks run twice, others never
     loop = seq[0]
@@ -75,9 +75,9 @@ def test_a_grid_stride_indexing_error_is_caught(bert):
 def test_a_barrier_under_a_thread_condition_is_refused(bert):
     _, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
-    seq = stitch._stage_loops(func)
+    seq = stitch.stage_loops(func)
     tid = func.body.body.node.var
-    i = next(i for i, s in enumerate(seq) if not stitch._is_grid_sync(s) and emulate._calls(s, emulate.BARRIERS))
+    i = next(i for i, s in enumerate(seq) if not stitch.is_grid_sync(s) and emulate._calls(s, emulate.BARRIERS))
     guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
     with pytest.raises(emulate.EmulationError, match="barrier|grid sync"):
         emulate.emulate_primfunc(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

@@ -72,8 +72,8 @@ def _stitched_func(bert_v3):
 def test_static_check_catches_a_removed_sync(bert_v3):
     func = _stitched_func(bert_v3)
     assert stitch.check(func, 132, 528).ok
-    seq = stitch._stage_loops(func)
-    first_sync = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    seq = stitch.stage_loops(func)
+    first_sync = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
     broken = stitch.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:])
     problems = stitch.check(broken, 132, 528).problems
     assert problems and "no grid sync" in problems[0]
@@ -86,9 +86,9 @@ def test_static_check_catches_an_oversized_grid(bert_v3):
 
 def test_static_check_catches_a_guarded_barrier(bert_v3):
     func = _stitched_func(bert_v3)
-    seq = stitch._stage_loops(func)
+    seq = stitch.stage_loops(func)
     tid = next(a.node.var for a in [func.body.body] if isinstance(a, tirx.AttrStmt))
-    i = next(i for i, s in enumerate(seq) if stitch._is_grid_sync(s))
+    i = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
     guarded = tirx.IfThenElse(tid < tirx.const(128, tid.ty), seq[i], None)
     problems = stitch.check(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
     assert any("under a condition" in p for p in problems)
