@@ -55,7 +55,6 @@ class StageInfo:
 @dataclass
 class Analysis:
     stages: list[StageInfo]
-    tensors: dict          # stage name -> te.Tensor
 
     def counts(self) -> dict[str, int]:
         c = Counter(s.kind for s in self.stages)
@@ -64,9 +63,6 @@ class Analysis:
 
     def detail_counts(self) -> dict[str, int]:
         return dict(Counter(f"{s.kind}/{s.detail}" for s in self.stages))
-
-    def by_name(self, name: str) -> StageInfo:
-        return next(s for s in self.stages if s.name == name)
 
     def to_json(self) -> dict:
         from dataclasses import asdict
@@ -93,23 +89,14 @@ def _ints(shape) -> list[int]:
 
 
 def tensor_bytes(t: te.Tensor) -> int:
-    dt = tvm.DataType(str(t.dtype))
-    return math.prod(_ints(t.shape)) * max(dt.bits * dt.lanes // 8, 1)
+    return math.prod(_ints(t.shape)) * tir_stats.dtype_bytes(t.dtype)
 
 
 def iter_vars(op: te.ComputeOp) -> list:
     return list(op.axis) + list(op.reduce_axis)
 
 
-def _extent(iv) -> int:
-    return int(iv.dom.extent.value) if hasattr(iv.dom.extent, "value") else 1
-
-
-def _vars_in(exprs) -> set:
-    seen = set()
-    for e in exprs:
-        tvm_ffi.structural_walk(e, (tirx.Var, lambda v: seen.add(v)))
-    return seen
+_extent = tir_stats.extent
 
 
 def stage_flops(op: te.ComputeOp) -> int:
@@ -137,7 +124,7 @@ def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tupl
     text = str(tirx.IndexMap([iv.var for iv in ivs], idx, None)).replace("T.index_map(lambda ", "").rstrip(")")
     if any(te_rewrite.loads(i) for i in idx):
         return "gather", 1.0, text
-    used = _vars_in(idx) & set(dom)
+    used = tir_stats.vars_in(*idx) & set(dom)
     iters = math.prod(_extent(iv) for iv in ivs)
     used_ext = math.prod(_extent(iv) for iv in ivs if iv.var in used)
     injective = not used or bool(tvm.sym.detect_iter_map(idx, {v: dom[v] for v in used},
@@ -230,7 +217,7 @@ def analyze(prog: TEProgram) -> Analysis:
             consumers[t.op] += 1
     for t in prog.outputs:
         consumers[t.op] += 1
-    infos, tensors = [], {}
+    infos = []
     names = stage_names(stages)
     for t in stages:
         op = t.op
@@ -246,10 +233,9 @@ def analyze(prog: TEProgram) -> Analysis:
                 footprint += tensor_bytes(prod)
         infos.append(StageInfo(name, prog.op_of.get(op, "?"), kind, detail, heavy, _ints(t.shape), str(t.dtype),
                                stage_flops(op), footprint + tensor_bytes(t), consumers[op], edges))
-        tensors[name] = t
     for o in prog.opaque:
         for out in o.outputs:
             infos.append(StageInfo(o.name, getattr(o.call.op, "name", "?"), OPAQUE, "opaque", False,
                                    _ints(out.shape), str(out.dtype), 0, tensor_bytes(out), consumers[out.op],
                                    [], o.reason))
-    return Analysis(infos, tensors)
+    return Analysis(infos)

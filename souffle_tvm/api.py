@@ -231,5 +231,4 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
                     kr.bytes = sum(result.footprints[sk.name].values())
-                    kr.flops = sum(result.flops[sk.name].values())
     return Compiled(imported, tgt, result.executable, report, src)

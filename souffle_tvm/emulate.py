@@ -29,9 +29,9 @@ import tvm_ffi
 from tvm import tirx
 
 from .errors import SouffleError
-from .stitch import is_grid_sync, launch_form
+from .te_rewrite import cast_like, dtype_of
+from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name
 
-BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce", "tirx.cuda.grid_sync")
 _I64 = "int64"
 
 
@@ -41,20 +41,6 @@ class EmulationError(SouffleError):
 
 def _i64(v) -> tirx.PrimExpr:
     return tirx.const(v, _I64)
-
-
-def _ty(e) -> str:
-    return str(e.ty)
-
-
-def _op_name(call) -> str:
-    return getattr(call.op, "name", "") if isinstance(call, tvm.ir.Call) else ""
-
-
-def _calls(node, names) -> list:
-    found = []
-    tvm_ffi.structural_walk(node, (tvm.ir.Call, lambda c: found.append(c) if _op_name(c) in names else None))
-    return found
 
 
 def _uses(node, vars_: set) -> bool:
@@ -81,7 +67,7 @@ def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
     loops = [tirx.Var(f"p{i}", _I64) for i in range(len(shape))]
     store = tirx.BufferStore(buf, tirx.const(float("nan"), str(ty.dtype)), list(prefix or []) + loops)
     for v, e in reversed(list(zip(loops, shape))):
-        store = tirx.For(v, _i64(0), e if _ty(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
+        store = tirx.For(v, _i64(0), e if dtype_of(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
     return store
 
 
@@ -102,9 +88,6 @@ class _Block:
     def per_thread(self, node, t):
         """``node`` as executed by thread ``t``: thread vars and buffers replaced."""
         tmap = self._thread_exprs(t)
-
-        def cast_like(e, v):
-            return e if _ty(e) == _ty(v) else tirx.Cast(_ty(v), e)
 
         def var(v):
             return cast_like(tmap[v], v) if v in tmap else v
@@ -148,11 +131,11 @@ class _Block:
             if stmt.attr_key in ("thread_extent", "virtual_thread"):
                 raise EmulationError("a launch attribute inside a kernel body")
             return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
-        if isinstance(stmt, tirx.Evaluate) and _op_name(stmt.value) == "tirx.tvm_storage_sync":
+        if isinstance(stmt, tirx.Evaluate) and op_name(stmt.value) == "tirx.tvm_storage_sync":
             return tirx.Evaluate(_i64(0))       # lock step is already synchronised
         if is_grid_sync(stmt):
             raise EmulationError("a grid sync inside a stage loop (only between stages is modelled)")
-        if _calls(stmt, BARRIERS):
+        if calls_to(stmt, BARRIERS):
             raise EmulationError("a barrier under thread-dependent control flow: "
                                  "some threads would never reach it")
         return self.for_all_threads(stmt)
@@ -178,7 +161,7 @@ class _Block:
         with equal ``t - idx(t)`` (a reduction over the innermost thread dimension; another
         layout gives a wrong answer here, never a silent pass)."""
         reducer = attr.node
-        calls = _calls(attr.body, ("tirx.tvm_thread_allreduce",))
+        calls = calls_to(attr.body, ("tirx.tvm_thread_allreduce",))
         if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
             raise EmulationError("an unexpected cross-thread reduction form")
         args = list(calls[0].args)
@@ -189,7 +172,7 @@ class _Block:
         if not isinstance(out, tvm.ir.TensorLoad):
             raise EmulationError("a cross-thread reduction whose result is not a buffer element")
         # one accumulator per group, indexed by the group key t - idx(t) (in [0, n)): O(n)
-        acc = tirx.decl_buffer([_i64(self.n)], _ty(value), "allreduce_acc", scope="global")
+        acc = tirx.decl_buffer([_i64(self.n)], dtype_of(value), "allreduce_acc", scope="global")
 
         def key(th):
             return tirx.Cast(_I64, th - self.per_thread(idx[0], th)) if idx else _i64(0)
@@ -227,7 +210,7 @@ def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
             (blocks if tag.startswith("blockIdx") else threads)[tag] = (iv.var, int(node.value))
         node = node.body
     for var, ext in reversed(vthreads):
-        node = tirx.For(var, tirx.const(0, _ty(var)), ext if _ty(ext) == _ty(var) else tirx.Cast(_ty(var), ext),
+        node = tirx.For(var, tirx.const(0, dtype_of(var)), ext if dtype_of(ext) == dtype_of(var) else tirx.Cast(dtype_of(var), ext),
                         tirx.ForKind.SERIAL, node)
     return blocks, threads, node
 
@@ -254,12 +237,12 @@ def _launch(region) -> tirx.Stmt:
     for phase in phases:
         emu = _Block(thread_vars, n_threads).run(_seq(phase))
         # fresh block loop variables per phase: one definition each
-        fresh = {var: tirx.Var(var.name, _ty(var)) for var, _ in blocks.values()}
+        fresh = {var: tirx.Var(var.name, dtype_of(var)) for var, _ in blocks.values()}
         emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v: fresh.get(v, v)))
         for tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z"):
             if tag in blocks:
                 var, ext = blocks[tag]
-                emu = tirx.For(fresh[var], tirx.const(0, _ty(var)), tirx.const(ext, _ty(var)), tirx.ForKind.SERIAL, emu)
+                emu = tirx.For(fresh[var], tirx.const(0, dtype_of(var)), tirx.const(ext, dtype_of(var)), tirx.ForKind.SERIAL, emu)
         out.append(emu)
     return _seq(out)
 

@@ -30,6 +30,7 @@ class GPU:
     threads_per_block: int = 1024
     blocks_per_sm: int = 32
     warp_size: int = 32
+    # The rest feeds the roofline estimate of the benchmark issue; nothing reads it yet.
     dram_bandwidth: float = 2.039e12     # bytes/s
     fp32_flops: float = 19.5e12
     fp16_flops: float = 312e12           # dense tensor-core peak

@@ -51,9 +51,6 @@ class Group:
 class Partition:
     groups: list[Group]
 
-    def boundaries(self) -> list[tuple[str, str]]:
-        return [(g.name, g.reason) for g in self.groups]
-
 
 def _spatial(op: te.ComputeOp) -> list[int]:
     return [int(ax.dom.extent) for ax in op.axis]
@@ -137,7 +134,6 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
     placeholders = {t.op for t in prog.placeholders()}
     opaque_of = {out.op: o for o in prog.opaque for out in o.outputs}
     groups: list[Group] = []
-    member_group: dict = {}
     emitted_opaque = set()
 
     def producers(op) -> set:
@@ -161,19 +157,15 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
         elif kind == analysis.REDUCTION:
             if prods & members and _joins_rows(op, current, members):
                 current.members.append(t)
-                member_group[op] = current
                 continue
             reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
                       if prods & members else "reduction of data produced by earlier kernels")
         else:
             if prods & members:
                 current.members.append(t)
-                member_group[op] = current
                 continue
             reason = "one-to-one stage reads no data of the previous kernel"
-        g = Group([t], reason=reason)
-        groups.append(g)
-        member_group[op] = g
+        groups.append(Group([t], reason=reason))
     for o in prog.opaque:
         if o.name not in emitted_opaque:
             groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))

@@ -22,7 +22,25 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .emit import K_OPAQUE
 from .errors import SouffleError
+from .te_rewrite import cast_like
+
+
+GRID_SYNC = "tirx.cuda.grid_sync"
+BLOCK_BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce")
+BARRIERS = (GRID_SYNC,) + BLOCK_BARRIERS
+
+
+def op_name(node) -> str:
+    return getattr(node.op, "name", "") if isinstance(node, tvm.ir.Call) else ""
+
+
+def calls_to(node, names) -> list:
+    """The calls in ``node`` to any op in ``names``."""
+    found = []
+    tvm_ffi.structural_walk(node, (tvm.ir.Call, lambda c: found.append(c) if op_name(c) in names else None))
+    return found
 
 
 class StitchError(SouffleError):
@@ -137,11 +155,6 @@ def _decompose(value, extents: list[tuple]) -> dict:
     return out
 
 
-def _cast(expr, like):
-    dt = str(like.ty) if hasattr(like, "ty") else str(like.dtype)
-    return expr if str(expr.ty) == dt else tirx.Cast(dt, expr)
-
-
 def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
     """Per parameter (by buffer identity, names can repeat): is it read, is it written."""
     loads, stores = [], []
@@ -189,9 +202,9 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         order = [st.blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in st.blocks]
         tord = [st.threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in st.threads]
         for var, val in _decompose(vb, order).items():
-            vmap[var] = _cast(val, var)
+            vmap[var] = cast_like(val, var)
         for var, val in _decompose(tid, tord).items():
-            vmap[var] = _cast(val, var)
+            vmap[var] = cast_like(val, var)
         stmt = tvm_ffi.structural_map(body, (tirx.Var, lambda v: vmap.get(v, v)))
         i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
         if st.num_threads < block:     # barrier-free stage narrower than the kernel
@@ -204,7 +217,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
                          "thread_extent", b64, body)
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), g64), bid, 1, "blockIdx.x"),
                          "thread_extent", g64, body)
-    attrs = {"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8}
+    attrs = {"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": K_OPAQUE}
     if target is not None:
         attrs["target"] = target
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
@@ -212,27 +225,15 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
 
 
 def _has_barrier(stmt) -> bool:
-    found = []
-
-    def call(c):
-        if getattr(c.op, "name", "") in ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce"):
-            found.append(c)
-
-    tvm_ffi.structural_walk(stmt, (tvm.ir.Call, call))
-
-    def alloc(a):
-        if str(a.buffer.ty.storage_scope).startswith("shared"):
-            found.append(a)
-
-    tvm_ffi.structural_walk(stmt, (tirx.AllocBuffer, alloc))
-    return bool(found)
+    """A block barrier or shared memory (which ThreadSync will guard with barriers)."""
+    shared = []
+    tvm_ffi.structural_walk(stmt, (tirx.AllocBuffer, lambda a: shared.append(a)
+                                   if str(a.buffer.ty.storage_scope).startswith("shared") else None))
+    return bool(shared) or bool(calls_to(stmt, BLOCK_BARRIERS))
 
 
 def has_grid_sync(func: tirx.PrimFunc) -> bool:
-    found = []
-    tvm_ffi.structural_walk(func.body, (tvm.ir.Call, lambda c: found.append(c)
-                                        if getattr(c.op, "name", "") == "tirx.cuda.grid_sync" else None))
-    return bool(found)
+    return bool(calls_to(func.body, (GRID_SYNC,)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.AttachCooperativeLaunch")
@@ -288,8 +289,7 @@ def replace_stages(func: tirx.PrimFunc, seq: list) -> tirx.PrimFunc:
 
 
 def is_grid_sync(stmt) -> bool:
-    return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
-            and getattr(stmt.value.op, "name", "") == "tirx.cuda.grid_sync")
+    return isinstance(stmt, tirx.Evaluate) and op_name(stmt.value) == GRID_SYNC
 
 
 def _launch_vars(func) -> set:
@@ -334,14 +334,10 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
         tvm_ffi.structural_walk(node.condition, (tirx.Var, lambda v: cond_vars.add(v.name)))
         if not (cond_vars & launch):
             return
-        barriers = []
-        for branch in (node.then_case, node.else_case):
-            if branch is not None:
-                tvm_ffi.structural_walk(branch, (tvm.ir.Call, lambda c: barriers.append(c.op.name) if getattr(
-                    c.op, "name", "") in ("tirx.cuda.grid_sync", "tirx.tvm_storage_sync",
-                                          "tirx.tvm_thread_allreduce") else None))
+        barriers = [c for branch in (node.then_case, node.else_case) if branch is not None
+                    for c in calls_to(branch, BARRIERS)]
         if barriers:
-            problems.append(f"barrier {barriers[0]} under a condition on {sorted(cond_vars & launch)}")
+            problems.append(f"barrier {op_name(barriers[0])} under a condition on {sorted(cond_vars & launch)}")
 
     tvm_ffi.structural_walk(func.body, (tirx.IfThenElse, guarded))
     if max_coresident is not None and grid > max_coresident:
@@ -372,7 +368,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     become extra outputs of the stitched call (global buffers the VM allocates).
 
     Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
-    stages has (more would idle at every grid sync); ``coresident`` is checked against it.
+    stages has (more would idle at every grid sync); ``coresident``, when known, is checked
+    against it (the pipeline leaves it to the build, which has ptxas' figures).
     """
     from tvm import relax
 
@@ -399,8 +396,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     stitched_calls = [bindings[call_pos[j]] for k, sp in enumerate(subprograms)
                       if len(sp) > 1 and k not in refused for j in sp]
     stitched_vars = {b.var for b in stitched_calls}
-    alias_positions = {i for i, b in enumerate(bindings)
-                       if b.var in _aliases(bindings, stitched_calls) and b.var not in stitched_vars}
+    stitched_aliases = _aliases(bindings, stitched_calls)
+    alias_positions = {i for i, b in enumerate(bindings) if b.var in stitched_aliases and b.var not in stitched_vars}
     ctx = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
     bb = relax.BlockBuilder(ctx)
     with bb.function("main", list(main.params), attrs={k: v for k, v in main.attrs.items() if k != "global_symbol"}):
@@ -415,8 +412,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         calls = [bindings[call_pos[j]] for j in subprograms[k]]
                         name = f"souffle_stitched_{k}"
                         kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls), env,
-                                                      (grids or {}).get(name, grid), block,
-                                                      max(coresident or 0, (grids or {}).get(name, 0)) or None, name))
+                                                      (grids or {}).get(name, grid), block, coresident, name))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue

@@ -69,6 +69,13 @@ class TEProgram:
                          dict(self.op_of if op_of is None else op_of),
                          dict(self.weight_values if values is None else values))
 
+    def prune_weights(self) -> "TEProgram":
+        """Drop weights nothing reads any more (a stage, an output or an opaque op); in place."""
+        used = ({x.op for t in self.stages() for x in t.op.input_tensors} | {t.op for t in self.outputs}
+                | {t.op for o in self.opaque for t in o.inputs.values()})
+        self.weights = [w for w in self.weights if w.op in used]
+        return self
+
     def stages(self) -> list[te.Tensor]:
         """Every compute tensor reachable from the outputs, producers before consumers."""
         order, seen = [], set()
@@ -224,14 +231,14 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
                 result = legalize(relax.BlockBuilder(), value)
             except Exception as err:  # noqa: BLE001 - any failure makes the op opaque, with the reason
                 result, reason = None, f"{value.op.name}: legalization failed: {str(err).strip().splitlines()[-1][:160]}"
-            if result is not None and _is_te_result(result) and _non_compute_op(result, prog) is not None:
-                reason = f"{value.op.name}: legalizes to a hand-written ({_non_compute_op(result, prog)}) kernel"
-            elif result is not None and _is_te_result(result):
-                capture.env[b.var] = result
-                for t in (result if isinstance(result, (list, tuple)) else [result]):
-                    prog.op_of.setdefault(t.op, value.op.name)
-                _record_ops(result, value.op.name, prog)
-                return
+            if result is not None and _is_te_result(result):
+                hand_written = _non_compute_op(result, prog)
+                if hand_written is not None:
+                    reason = f"{value.op.name}: legalizes to a hand-written ({hand_written}) kernel"
+                else:
+                    capture.env[b.var] = result
+                    _record_ops(result, value.op.name, prog)
+                    return
             reason = reason or f"{value.op.name}: legalizes to a non-TE call"
     else:
         reason = f"{type(value).__name__} binding"
@@ -258,6 +265,15 @@ def _non_compute_op(result, prog: TEProgram) -> str | None:
             return type(t.op).__name__
         stack.extend(t.op.input_tensors)
     return None
+
+
+def consumers_of(stages: list[te.Tensor]) -> dict:
+    """{op: the ops among ``stages`` that read it} (each reader once per producer)."""
+    users: dict = {}
+    for t in stages:
+        for inp in {x.op for x in t.op.input_tensors}:
+            users.setdefault(inp, []).append(t.op)
+    return users
 
 
 def _record_ops(result, op_name: str, prog: TEProgram) -> None:

@@ -32,20 +32,22 @@ def loads(expr) -> list[tuple[te.Tensor, list]]:
     return found
 
 
-def _dtype(e) -> str:
+def dtype_of(e) -> str:
+    """An expression's dtype (TVM 0.27 keeps it in ``ty``; TE tensors in ``dtype``)."""
     return str(e.ty) if hasattr(e, "ty") else str(e.dtype)
 
 
 def unify_index_dtypes(idx: list) -> list:
     """One dtype per buffer access (TIR requires it): widen to int64 when mixed."""
-    kinds = {_dtype(i) for i in idx}
+    kinds = {dtype_of(i) for i in idx}
     if len(kinds) <= 1:
         return idx
-    return [i if _dtype(i) == "int64" else tirx.Cast("int64", i) for i in idx]
+    return [i if dtype_of(i) == "int64" else tirx.Cast("int64", i) for i in idx]
 
 
-def _cast_to(value, like):
-    return value if _dtype(value) == _dtype(like) else tirx.Cast(_dtype(like), value)
+def cast_like(value, like):
+    """``value`` cast to ``like``'s dtype where they differ."""
+    return value if dtype_of(value) == dtype_of(like) else tirx.Cast(dtype_of(like), value)
 
 
 def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sym.Analyzer | None = None):
@@ -83,7 +85,7 @@ def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sy
 def body_at(op: te.ComputeOp, value_index: int, indices: list, load_fn: LoadFn | None = None,
             analyzer: tvm.sym.Analyzer | None = None):
     """The expression ``op`` computes for output ``value_index`` at ``indices`` (inlining it)."""
-    vmap = {ax.var: _cast_to(i, ax.var) for ax, i in zip(op.axis, indices)}
+    vmap = {ax.var: cast_like(i, ax.var) for ax, i in zip(op.axis, indices)}
     return substitute(op.body[value_index], vmap, load_fn, analyzer)
 
 
@@ -100,7 +102,7 @@ def rebuild(op: te.ComputeOp, load_fn: LoadFn, name: str | None = None) -> list[
                 ana.bind(v, tvm.ir.Range(0, ax.dom.extent))
         for rv in op.reduce_axis:
             ana.bind(rv.var, rv.dom)
-        vmap = {ax.var: _cast_to(v, ax.var) for ax, v in zip(op.axis, idx)}
+        vmap = {ax.var: cast_like(v, ax.var) for ax, v in zip(op.axis, idx)}
         bodies = [substitute(b, vmap, load_fn) for b in op.body]
         # Composed loads come back unsimplified; simplify every index over this domain once.
         bodies = [substitute(b, {}, None, ana) for b in bodies]

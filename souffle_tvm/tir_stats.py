@@ -43,9 +43,15 @@ def expr_flops(expr) -> int:
     return count
 
 
-def _extent(iv) -> int:
+def extent(iv) -> int:
+    """An iteration variable's static extent (1 where it is not a constant)."""
     ext = iv.dom.extent
     return int(ext.value) if hasattr(ext, "value") else 1
+
+
+def dtype_bytes(dtype) -> int:
+    dt = tvm.DataType(str(dtype))
+    return max(dt.bits * dt.lanes // 8, 1)
 
 
 def block_flops(func: tirx.PrimFunc) -> dict[str, int]:
@@ -55,7 +61,7 @@ def block_flops(func: tirx.PrimFunc) -> dict[str, int]:
     def visit(blk):
         if not blk.iter_vars or not isinstance(blk.body, tirx.BufferStore):
             return
-        instances = math.prod(_extent(iv) for iv in blk.iter_vars)
+        instances = math.prod(extent(iv) for iv in blk.iter_vars)
         ops = expr_flops(blk.body.value)
         name = blk.writes[0].source.name if blk.writes else blk.name_hint
         out[name] = out.get(name, 0) + instances * ops
@@ -66,9 +72,7 @@ def block_flops(func: tirx.PrimFunc) -> dict[str, int]:
 
 def buffer_bytes(buf) -> int:
     ty = buf.ty
-    n = math.prod(int(d.value) if hasattr(d, "value") else 1 for d in ty.shape)
-    dt = tvm.DataType(str(ty.dtype))
-    return n * max(dt.bits * dt.lanes // 8, 1)
+    return math.prod(int(d.value) if hasattr(d, "value") else 1 for d in ty.shape) * dtype_bytes(ty.dtype)
 
 
 def is_global(buf) -> bool:
@@ -125,9 +129,11 @@ def _uses_load(expr) -> bool:
     return found
 
 
-def _vars_in(expr) -> set:
+def vars_in(*exprs) -> set:
+    """The variables the expressions use."""
     seen = set()
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: seen.add(v)))
+    for e in exprs:
+        tvm_ffi.structural_walk(e, (tirx.Var, lambda v: seen.add(v)))
     return seen
 
 
@@ -148,7 +154,7 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
         extents = {}
         for iv in blk.iter_vars:
             ana.bind(iv.var, iv.dom)
-            extents[iv.var] = _extent(iv)
+            extents[iv.var] = extent(iv)
         for region in list(blk.reads) + list(blk.writes):
             name = region.source.name
             if name not in params:
@@ -158,7 +164,7 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
             for dim, rng in zip(shape, region.region):
                 ext = int(rng.extent.value) if hasattr(rng.extent, "value") else dim
                 if _uses_load(rng.min):
-                    rows = math.prod(extents.get(v, 1) for v in _vars_in(rng.min))
+                    rows = math.prod(extents.get(v, 1) for v in vars_in(rng.min))
                     elems *= min(dim, rows * ext)
                     continue
                 b = ana.const_int_bound(rng.min)
@@ -168,5 +174,4 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
             sizes[name] = max(sizes.get(name, 0), min(elems, math.prod(shape)))
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
-    return {n: e * (buffer_bytes(params[n]) // max(math.prod(int(d.value) for d in params[n].ty.shape), 1))
-            for n, e in sizes.items()}
+    return {n: e * dtype_bytes(params[n].ty.dtype) for n, e in sizes.items()}

@@ -77,7 +77,7 @@ def test_a_barrier_under_a_thread_condition_is_refused(bert):
     func = souffle.mod["souffle_stitched_0"]
     seq = stitch.stage_loops(func)
     tid = func.body.body.node.var
-    i = next(i for i, s in enumerate(seq) if not stitch.is_grid_sync(s) and emulate._calls(s, emulate.BARRIERS))
+    i = next(i for i, s in enumerate(seq) if not stitch.is_grid_sync(s) and stitch.calls_to(s, stitch.BARRIERS))
     guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
     with pytest.raises(emulate.EmulationError, match="barrier|grid sync"):
         emulate.emulate_primfunc(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

@@ -72,9 +72,7 @@ def fold_weights(prog: TEProgram) -> FoldResult:
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
     values_map = {**prog.weight_values, **{ph.op: v for ph, v in zip(new_weights, values)}}
-    out = prog.derive(remap, list(prog.weights) + new_weights, values_map)
-    used = {x.op for t in out.stages() for x in t.op.input_tensors} | {t.op for t in out.outputs}
-    out.weights = [w for w in out.weights if w.op in used]
+    out = prog.derive(remap, list(prog.weights) + new_weights, values_map).prune_weights()
     return FoldResult(out, [t.op.name for t in frontier])
 
 

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from .. import analysis, te_rewrite
-from ..te_program import TEProgram
+from ..te_program import TEProgram, consumers_of
 
 
 @dataclass
@@ -39,14 +39,6 @@ class _MergeSet:
     @property
     def extent(self) -> int:
         return int(self.level[0].axis[self.axis].dom.extent)
-
-
-def _users(stages) -> dict:
-    users = defaultdict(list)
-    for t in stages:
-        for op in {x.op for x in t.op.input_tensors}:
-            users[op].append(t.op)
-    return users
 
 
 def _canonical_body(op, mapping: dict, axes: list):
@@ -99,7 +91,7 @@ def _isomorphic(ops: list, weights: set, merged: dict) -> dict | None:
 def horizontal(prog: TEProgram, min_branches: int = 2) -> HorizontalResult:
     """Merge sets of isomorphic contractions that read one shared input (and their epilogues)."""
     stages = prog.stages()
-    users = _users(stages)
+    users = consumers_of(stages)
     weights = {t.op for t in prog.weights}
     values = prog.weight_values
     result = HorizontalResult(prog)
@@ -251,7 +243,4 @@ def _rebuild(prog, stages, merged_of, new_weights, new_values) -> TEProgram:
             return te.compute(t.shape, lambda *i: ms.tensor(*_slot_index(ms, slot, list(i))), name=f"{t.op.name}_out")
         return new_of[t.op][t.value_index] if t.op in new_of else t
 
-    out = prog.derive(remap, prog.weights + new_weights, {**prog.weight_values, **new_values})
-    used = {x.op for t in out.stages() for x in t.op.input_tensors}
-    out.weights = [w for w in out.weights if w.op in used]
-    return out
+    return prog.derive(remap, prog.weights + new_weights, {**prog.weight_values, **new_values}).prune_weights()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tvm import te, tirx
 
 from .. import analysis, te_rewrite, tir_stats
-from ..te_program import TEProgram
+from ..te_program import TEProgram, consumers_of
 
 
 @dataclass
@@ -26,14 +26,6 @@ class VerticalResult:
     program: TEProgram
     inlined: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)   # stage name -> why it was kept
-
-
-def _consumers(prog: TEProgram, stages: list[te.Tensor]) -> dict:
-    users: dict = {t.op: [] for t in stages}
-    for t in stages:
-        for inp in {x.op for x in t.op.input_tensors}:
-            users.setdefault(inp, []).append(t.op)
-    return users
 
 
 def _is_index_map(op) -> bool:
@@ -95,7 +87,7 @@ def _constant_index(int_constants: dict, tensor: te.Tensor, idx: list):
 def vertical(prog: TEProgram) -> VerticalResult:
     """Inline every one-to-one stage that can be composed into its consumers."""
     stages = prog.stages()
-    users = _consumers(prog, stages)
+    users = consumers_of(stages)
     pinned = {t.op: "model output" for t in prog.outputs}
     for o in prog.opaque:
         for t in o.inputs.values():
