@@ -178,14 +178,16 @@ def _coresident_grids(report: Report, souffle) -> dict[str, int]:
 
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
-            nvcc: bool = True, level: str = "v2") -> Compiled:
+            nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
     is the Souffle pipeline at ``level`` (v0: no transforms; v1: + horizontal; v2: + vertical,
     one kernel per anchor group; v3: + subprograms stitched into cooperative kernels, whose
-    grids a second build widens to what ptxas' figures let be co-resident). A model that cannot be lowered to one TEProgram falls back
-    to TVM's path and the report's ``fallback`` says why.
+    grids a second build widens to what ptxas' figures let be co-resident). A model that cannot be
+    lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
+    ``gemm_k_tile`` (v3, CUDA) sets the K tile of stitched GEMM stages (default 16); tiles over
+    48 KB go to dynamic shared memory.
     """
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
@@ -195,7 +197,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     souffle, fallback = None, None
     if fusion == "souffle":
         try:
-            souffle = pipeline.run(imported.mod, tgt, imported.params, level=level)
+            souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile)
         except LoweringError as err:
             fallback = str(err)   # documented: the whole model then builds through TVM's path
     result, report, src = _build(imported, souffle, tgt, nvcc)

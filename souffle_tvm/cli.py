@@ -29,7 +29,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
                    help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
     p.add_argument("--level", default="v2",
-                   help="souffle pipeline level: v0 no transforms, v1 + horizontal, v2 + vertical (default)")
+                   help="souffle pipeline level: v0 no transforms, v1 + horizontal, v2 + vertical (default), "
+                        "v3 + two-phase reductions and stitched cooperative kernels")
+    p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
+                   help="v3 on CUDA: K tile of the stitched GEMM stages (default 16); "
+                        "tiles over 48 KB go to dynamic shared memory")
 
 
 def _parse_shapes(text: str | None) -> dict | None:
@@ -128,7 +132,7 @@ def cmd_compile(args) -> int:
     t = time.perf_counter()
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
-                             level=args.level)
+                             level=args.level, gemm_k_tile=args.gemm_k_tile)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:

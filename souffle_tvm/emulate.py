@@ -215,8 +215,9 @@ def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
     return blocks, threads, node
 
 
-def _launch(region) -> tirx.Stmt:
-    """One ``__global__``: its phases in order, each over every block."""
+def _launch(region, reverse: bool = False) -> tirx.Stmt:
+    """One ``__global__``: its phases in order, each over every block (last block first when
+    ``reverse``: a read of an *earlier* block's result without a grid sync then reads poison)."""
     blocks, threads, body = _peel(region)
     order = [threads[k] for k in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if k in threads]
     thread_vars, stride = {}, 1
@@ -242,6 +243,11 @@ def _launch(region) -> tirx.Stmt:
         for tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z"):
             if tag in blocks:
                 var, ext = blocks[tag]
+                if reverse:
+                    down = tirx.Var(var.name + "_down", dtype_of(var))
+                    emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v, f=fresh[var], d=down, e=ext:
+                                                      tirx.const(e - 1, dtype_of(v)) - d if v.same_as(f) else v))
+                    fresh[var] = down
                 emu = tirx.For(fresh[var], tirx.const(0, dtype_of(var)), tirx.const(ext, dtype_of(var)), tirx.ForKind.SERIAL, emu)
         out.append(emu)
     return _seq(out)
@@ -253,8 +259,10 @@ def _written_params(func: tirx.PrimFunc) -> list:
     return [p for p in func.params if any(p.same_as(b) for b in stored)]
 
 
-def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel") -> tirx.PrimFunc:
-    """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel)."""
+def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel",
+                     reverse: bool = False) -> tirx.PrimFunc:
+    """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
+    ``reverse`` runs each phase's blocks last to first."""
     low = launch_form(func, target, name)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     body = []
@@ -269,7 +277,7 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             if fill is not None:
                 body.append(fill)
         elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
-            body.append(_launch(item))
+            body.append(_launch(item, reverse))
         else:
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
     attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
@@ -277,9 +285,9 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
     return tirx.PrimFunc(low.params, _seq(body), attrs=tvm.ir.DictAttrs(attrs))
 
 
-def emulate_module(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def emulate_module(mod: tvm.IRModule, target: tvm.target.Target, reverse: bool = False) -> tvm.IRModule:
     """Every PrimFunc of a CUDA-scheduled module replaced by its CPU emulation (Relax ``main`` kept)."""
     out = {}
     for gv, f in mod.functions.items():
-        out[gv] = emulate_primfunc(f, target, gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
+        out[gv] = emulate_primfunc(f, target, gv.name_hint, reverse) if isinstance(f, tirx.PrimFunc) else f
     return tvm.IRModule(out, attrs=mod.attrs)

@@ -64,6 +64,8 @@ def occupancy(gpu: GPU, threads_per_block: int, registers_per_thread: int, share
     """Resident blocks per SM for a kernel with these resources (0 if it cannot launch at all)."""
     if threads_per_block > gpu.threads_per_block or registers_per_thread > gpu.regs_per_thread_max:
         return Occupancy(0, "threads" if threads_per_block > gpu.threads_per_block else "registers")
+    if shared_bytes_per_block > gpu.smem_per_block_optin:      # beyond what a block may opt in to
+        return Occupancy(0, "shared memory")
     warps = math.ceil(threads_per_block / gpu.warp_size)
     regs_per_warp = math.ceil(max(registers_per_thread, 1) * gpu.warp_size / gpu.reg_alloc_unit) * gpu.reg_alloc_unit
     by_regs = (gpu.regs_per_sm // (regs_per_warp * warps))

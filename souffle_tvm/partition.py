@@ -25,6 +25,7 @@ from tvm import te
 
 from . import analysis, te_rewrite
 from .te_program import OpaqueStage, TEProgram
+from .transforms.two_phase import PARTIAL_TAG
 
 
 @dataclass
@@ -125,6 +126,18 @@ def _split_until_fits(prog: TEProgram, groups: list[Group], fits: Fits) -> list[
     return out
 
 
+def _partials_first(stages: list[te.Tensor]) -> list[te.Tensor]:
+    """The topological order with each two-phase partial right after its last producer, so it
+    joins the kernel of the GEMM it reduces (and its sibling partials), ahead of the combines."""
+    order = [t for t in stages if t.op.tag != PARTIAL_TAG]
+    for t in stages:
+        if t.op.tag == PARTIAL_TAG:
+            inputs = {x.op for x in t.op.input_tensors}
+            pos = max((i for i, u in enumerate(order) if u.op in inputs), default=-1)
+            order.insert(pos + 1, t)
+    return order
+
+
 def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
     """Group the (transformed) program's stages into kernels by the V2 rules above.
 
@@ -139,7 +152,7 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
     def producers(op) -> set:
         return {x.op for x in op.input_tensors if x.op not in placeholders}
 
-    for t in prog.stages():
+    for t in _partials_first(prog.stages()):
         op = t.op
         for p in {x.op for x in op.input_tensors}:   # opaque results this stage needs come first
             o = opaque_of.get(p)
@@ -154,6 +167,12 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
             reason = "start" if not groups else "after an opaque op"
         # Producers outside ``members`` belong to earlier kernels, whose results are complete in
         # global memory before this kernel starts; only reads of ``members`` must stay block-local.
+        elif op.tag == PARTIAL_TAG:
+            if prods & members and current.anchor.op.tag == PARTIAL_TAG and _joins_rows(op, current, members):
+                current.members.append(t)      # a sibling partial over the same tiles
+                continue
+            reason = ("first phase of a two-phase reduction: each block reduces the GEMM tile it wrote "
+                      "(block-local when the stitcher can prove it)")
         elif kind == analysis.REDUCTION:
             if prods & members and _joins_rows(op, current, members):
                 current.members.append(t)

@@ -19,7 +19,7 @@ import tvm_ffi
 
 from . import emit, partition, schedule, te_program
 from .errors import SouffleError
-from .transforms import fold_weights, horizontal, vertical
+from .transforms import fold_weights, horizontal, two_phase, vertical
 
 PROGRAM = "souffle.te_program"
 INFO = "souffle.info"
@@ -100,18 +100,25 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
     return _transform_pass("souffle.VerticalFusion", vertical, "vertical")
 
 
+def TwoPhaseReduction() -> tvm.transform.Pass:  # noqa: N802
+    """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``)."""
+    return _transform_pass("souffle.TwoPhaseReduction", two_phase, "two_phase")
+
+
 @tvm.transform.module_pass(opt_level=0, name="souffle.PartitionAndEmit")
 class PartitionAndEmit:
     """Draw kernel boundaries (with schedule feedback on CUDA) and emit one PrimFunc per group."""
 
-    def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None):
+    def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None,
+                 gemm_k_tile: int | None = None):
         self.target = target
         self.block_size = block_size
+        self.gemm_k_tile = gemm_k_tile
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or tvm.target.Target.current(allow_none=True) or tvm.target.Target({"kind": "llvm"})
         prog = _program(mod)
-        scheduled = _ScheduleCache(target, self.block_size)
+        scheduled = _ScheduleCache(target, self.block_size, self.gemm_k_tile)
         part = partition.partition_v2(prog, fits=scheduled.fits)
         out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
         info = {**_info(mod), "partition": part, "program": prog,
@@ -123,9 +130,10 @@ class PartitionAndEmit:
 class _ScheduleCache:
     """Each structurally distinct group PrimFunc is scheduled once."""
 
-    def __init__(self, target, block_size: int | None = None):
+    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None):
         self.target = target
         self.block_size = block_size
+        self.gemm_k_tile = gemm_k_tile
         self.cache: dict = {}
 
     def __call__(self, func) -> schedule.Scheduled:
@@ -133,7 +141,7 @@ class _ScheduleCache:
         for seen, done in bucket:
             if tvm_ffi.structural_equal(seen, func):
                 return done
-        done = schedule.schedule_group(func, self.target, self.block_size)
+        done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
         bucket.append((func, done))
         return done
 
@@ -157,16 +165,19 @@ class _ScheduleCache:
         return None
 
 
-LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion"],
-                  "v1": ["souffle.VerticalFusion"], "v2": [], "v3": []}
+LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
+                  "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
+                  "v2": ["souffle.TwoPhaseReduction"], "v3": []}
 
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
-                    lower: bool = True, block_size: int | None = None) -> tvm.transform.Pass:
-    """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → PartitionAndEmit.
+                    lower: bool = True, block_size: int | None = None,
+                    gemm_k_tile: int | None = None) -> tvm.transform.Pass:
+    """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → TwoPhaseReduction → PartitionAndEmit.
 
     ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
     """
     steps = [LowerToTE(params)] if lower else []
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), PartitionAndEmit(target, block_size)]
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(),
+              PartitionAndEmit(target, block_size, gemm_k_tile)]
     return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

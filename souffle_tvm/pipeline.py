@@ -16,6 +16,7 @@ from . import partition, passes, te_program
 from .partition import Partition
 from .targets import is_cuda
 from .transforms.horizontal import HorizontalResult
+from .transforms.two_phase import TwoPhaseResult
 from .transforms.vertical import VerticalResult
 
 LEVELS = tuple(passes.LEVEL_DISABLES)
@@ -33,13 +34,18 @@ class SouffleModule:
     stitched: list = field(default_factory=list)      # StitchedKernel per cooperative kernel
     unstitched: tvm.IRModule | None = None            # ``mod`` before stitching (for restitch)
     subprograms: list = field(default_factory=list)   # (group indices, reason for the cut)
+    two_phase: TwoPhaseResult | None = None           # reductions split in two, and why others were not
 
 
 STITCH_BLOCK = 256  # one block size for every stage of a stitched kernel
 
 
-def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2") -> SouffleModule:
-    """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params)."""
+def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2",
+        gemm_k_tile: int | None = None) -> SouffleModule:
+    """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params).
+
+    ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16); tiles over
+    48 KB of shared memory go to dynamic shared memory."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
     # Lowering runs first, outside the pass machinery, so a LoweringError reaches the caller
@@ -48,11 +54,13 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
     stitching = level == "v3" and is_cuda(target)
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
-        out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None)(mod)
+        out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None,
+                                     gemm_k_tile=gemm_k_tile if stitching else None)(mod)
     info = passes.info_of(out)
     clean = out.without_attr(passes.INFO).without_attr(passes.PARAMS)
     result = SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),
-                           info.get("horizontal"), info["partition"], [p.numpy() for p in passes.params_of(out)])
+                           info.get("horizontal"), info["partition"], [p.numpy() for p in passes.params_of(out)],
+                           two_phase=info.get("two_phase"))
     if stitching:
         _stitch(result, target)
     return result

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import tirx
 
+from . import tir_stats
 from .errors import SouffleError
 from .targets import is_cuda
 
@@ -30,10 +31,10 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"Matmul": 3, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"Matmul": 3, "PartialRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
-def _rules(block_size: int | None):
+def _rules(block_size: int | None, gemm_k_tile: int | None = None):
     from tvm.s_tir import dlight as dl
 
     if block_size is None:
@@ -42,7 +43,41 @@ def _rules(block_size: int | None):
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size != 256:
         raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
-    return [_Matmul256(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+# The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.
+MATMUL_THREADS, MATMUL_MICRO = 16, 4
+MATMUL_TILE = MATMUL_THREADS * MATMUL_MICRO
+MATMUL_K_TILE = 16            # dlight's CUDA default; larger K tiles need more shared memory
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+class PartialRows:
+    """The first phase of a two-phase reduction (``transforms.two_phase``), laid out like the
+    GEMM that feeds it: block (x = row tile, y = the leading axes fused with the column tile),
+    one thread per row of the tile, the tile's columns reduced serially. Each block then reads
+    exactly the tile the same-numbered GEMM block wrote, which the stitcher can prove."""
+
+    def apply(self, func, target, _tune):
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        tiles = {int(sch.get(b).annotations.get("souffle_partial_tile", 0)) for b in blocks}
+        if len(tiles) != 1 or 0 in tiles:
+            return None
+        (tile,) = tiles
+        *lead, rows, col, red = sch.get_loops(blocks[0])
+        ro, ri = sch.split(rows, [None, tile])
+        sch.reorder(ro, *lead, col, ri, red)
+        by = sch.fuse(*lead, col) if lead else col
+        sch.bind(ro, "blockIdx.x")
+        sch.bind(by, "blockIdx.y")
+        sch.bind(ri, "threadIdx.x")
+        for b in blocks[1:]:     # later partials of the same rows: same threads, same loop
+            sch.reverse_compute_at(b, ri)
+        return sch
 
 
 @functools.cache
@@ -50,24 +85,61 @@ def _matmul256_class():
     from tvm.s_tir import dlight as dl
 
     class Matmul256(dl.gpu.Matmul):
-        """dlight's GEMM schedule with a 16x16 thread block (dlight's own CUDA choice is 8x16)."""
+        """dlight's GEMM schedule with a 16x16 thread block (dlight's own CUDA choice is 8x16)
+        and a chosen K tile. Tiles past the 48 KB a kernel may declare statically go to
+        dynamic shared memory (``shared.dyn``), which TVM's runtime opts in for at launch."""
+
+        def __init__(self, k_tile: int = MATMUL_K_TILE):
+            super().__init__()
+            self.k_tile = k_tile
 
         def get_configs(self, target):
             config = super().get_configs(target)
-            config.block_size_x = 16
+            config.block_size_x = config.block_size_y = MATMUL_THREADS
+            config.micro_size_x = config.micro_size_y = MATMUL_MICRO
+            config.vthread_x = config.vthread_y = 1
+            config.micro_size_k = self.k_tile
             return config
+
+        def apply(self, func, target, tune):
+            sch = super().apply(func, target, tune)
+            if sch is None or isinstance(sch, list):
+                return sch
+            shared = [b for b in _blocks(sch) if any(str(w.source.ty.storage_scope) == "shared"
+                                                     for w in sch.get(b).writes)]
+            # Per K step each shared buffer holds a MATMUL_TILE x k_tile tile (the allocations
+            # still have the full operand shape here; compaction comes later).
+            total = sum(MATMUL_TILE * self.k_tile * tir_stats.dtype_bytes(w.source.ty.dtype)
+                        for b in shared for w in sch.get(b).writes)
+            if total > STATIC_SHARED_LIMIT:
+                for b in shared:
+                    sch.set_scope(b, 0, "shared.dyn")
+            return sch
 
     return Matmul256
 
 
-def _Matmul256():  # noqa: N802
-    return _matmul256_class()()
+def _blocks(sch) -> list:
+    out = []
+
+    def visit(parent):
+        for b in sch.get_child_blocks(parent):
+            out.append(b)
+            visit(b)
+    visit(sch.get_sblock("root"))
+    return out
 
 
-def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: int | None = None) -> Scheduled:
+def _Matmul256(k_tile: int = MATMUL_K_TILE):  # noqa: N802
+    return _matmul256_class()(k_tile)
+
+
+def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: int | None = None,
+                   gemm_k_tile: int | None = None) -> Scheduled:
     """Schedule ``func`` for ``target`` with the first dlight rule that applies.
 
-    ``block_size`` forces every rule to use that many threads per block (stitched kernels).
+    ``block_size`` forces every rule to use that many threads per block (stitched kernels);
+    ``gemm_k_tile`` sets the stitched GEMMs' K tile (shared tiles over 48 KB become dynamic).
     """
     if not is_cuda(target):
         return Scheduled(func, "none")
@@ -78,7 +150,7 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
         target = tvm.target.Target(attrs)
     failures = []
     with target:
-        for rule in _rules(block_size):
+        for rule in _rules(block_size, gemm_k_tile):
             try:
                 sch = rule.apply(func, target, False)
             except Exception as err:  # noqa: BLE001 - a rule's assertion means "does not apply here"

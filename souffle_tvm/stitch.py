@@ -4,8 +4,9 @@ Each stage PrimFunc (scheduled for one shared block size) is lowered through TVM
 pipeline up to ``LowerOpaqueBlock`` (thread bindings are then ``thread_extent`` attributes,
 buffers still multi-dimensional). Its launch is peeled off and its body re-homed in one
 launch of ``grid`` blocks × ``block`` threads: each stage walks its own blocks grid-stride
-(a bid-dependent trip count, never an ``if`` around barriers), and a ``grid_sync`` separates
-a stage from an earlier one whose output it reads. The rest of TVM's pipeline then runs once
+(a bid-dependent trip count, never an ``if`` around barriers), and before each stage goes the
+weakest barrier its reads of earlier stages' outputs need (``dependence``: a ``grid_sync``
+unless the index maps prove the reads block-local, then ``__syncthreads``, or thread-local). The rest of TVM's pipeline then runs once
 on the stitched function (ThreadSync, allreduce lowering, shared-memory merging across
 stages, host/device split), and ``AttachCooperativeLaunch`` marks the kernel for a
 cooperative launch.
@@ -22,6 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from . import dependence
 from .emit import K_OPAQUE
 from .errors import SouffleError
 from .te_rewrite import cast_like
@@ -165,13 +167,18 @@ def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
     return read, written
 
 
+STAGE_BLOCKS, STAGE_THREADS = "souffle.stage_blocks", "souffle.stage_threads"   # stage loop annotations
+
+
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
            target: tvm.target.Target | None = None, param_keys: list | None = None) -> tuple[tirx.PrimFunc, list[bool]]:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
     stages that share a key share a buffer. Parameters follow ``param_keys`` (default: first
-    use). Returns the function and, per stage, whether a grid sync precedes it.
+    use). Before each stage goes the weakest barrier its dependences need (``dependence``):
+    a grid sync, a block barrier, or none. Returns the function and, per stage, whether a
+    grid sync precedes it.
     """
     param_of: dict = {}
     for st, keys in zip(stages, args):
@@ -180,37 +187,42 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)]
     bid = tirx.Var("blockIdx_x", "int64")
     tid = tirx.Var("threadIdx_x", "int64")
-    seq, syncs, written = [], [], set()
-    for i, (st, keys) in enumerate(zip(stages, args)):
+    i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
+    views = [_vb_form(st, keys, param_of, tid) for st, keys in zip(stages, args)]
+    seq, syncs = [], []
+    written: dict = {}     # key -> stages that wrote it since the last grid sync
+    read: dict = {}        # key -> stages that read it since the last grid sync
+    for i, (st, keys, view) in enumerate(zip(stages, args, views)):
         if st.num_threads > block:
             raise StitchError(f"{st.name}: {st.num_threads} threads per block, the kernel has {block}")
-        vmap = {p: param_of[k] for p, k in zip(st.params, keys)}
-        body = st.body
-        read, wrote = _param_access(st)
-        # Conservative: any read of a buffer an earlier stage wrote since the last sync.
-        needs_sync = any(r and k in written for r, k in zip(read, keys))
-        if needs_sync:
-            seq.append(tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()))
-            written = set()
-        syncs.append(needs_sync)
-        written |= {k for w, k in zip(wrote, keys) if w}
-        if st.num_threads < block and _has_barrier(body):
+        if st.num_threads < block and _has_barrier(st.body):
             raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
+        reads, writes = _param_access(st)
+        need = dependence.NONE
+        for r, w, k in zip(reads, writes, keys):
+            if r:
+                for j in written.get(k, ()):
+                    need = dependence.stronger(need, dependence.barrier_needed(views[j], param_of[k], view, param_of[k]))
+            if w and (k in written or k in read):     # write after read/write: kept simple
+                need = dependence.GRID
+        if need == dependence.GRID:
+            seq.append(tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()))
+            written, read = {}, {}
+        elif need == dependence.BLOCK:
+            seq.append(dependence.block_barrier())
+        syncs.append(need == dependence.GRID)
+        for r, w, k in zip(reads, writes, keys):
+            if w:
+                written.setdefault(k, []).append(i)
+            if r:
+                read.setdefault(k, []).append(i)
         it = tirx.Var(f"it{i}", "int64")
-        nblk = st.num_blocks
-        vb = it * tirx.const(grid, "int64") + bid
-        order = [st.blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in st.blocks]
-        tord = [st.threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in st.threads]
-        for var, val in _decompose(vb, order).items():
-            vmap[var] = cast_like(val, var)
-        for var, val in _decompose(tid, tord).items():
-            vmap[var] = cast_like(val, var)
-        stmt = tvm_ffi.structural_map(body, (tirx.Var, lambda v: vmap.get(v, v)))
-        i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
+        stmt = tvm_ffi.structural_map(view.body, (tirx.Var, lambda v, it=it: it * i64(grid) + bid if v.same_as(dependence.VB) else v))
         if st.num_threads < block:     # barrier-free stage narrower than the kernel
             stmt = tirx.IfThenElse(tid < i64(st.num_threads), stmt, None)
-        trip = tirx.floordiv(i64(nblk) - bid + i64(grid - 1), i64(grid))
-        seq.append(tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt))
+        trip = tirx.floordiv(i64(st.num_blocks) - bid + i64(grid - 1), i64(grid))
+        seq.append(tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt,
+                            annotations={STAGE_BLOCKS: i64(st.num_blocks), STAGE_THREADS: i64(st.num_threads)}))
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
@@ -222,6 +234,20 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         attrs["target"] = target
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
     return func, syncs
+
+
+def _vb_form(st: LoweredStage, keys: list, param_of: dict, tid: tirx.Var) -> dependence.StageView:
+    """The stage's body on the kernel's parameters, its block indices through ``dependence.VB``
+    and its thread indices through ``tid``."""
+    vmap = {p: param_of[k] for p, k in zip(st.params, keys)}
+    order = [st.blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in st.blocks]
+    tord = [st.threads[t] for t in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if t in st.threads]
+    for var, val in _decompose(dependence.VB, order).items():
+        vmap[var] = cast_like(val, var)
+    for var, val in _decompose(tid, tord).items():
+        vmap[var] = cast_like(val, var)
+    body = tvm_ffi.structural_map(st.body, (tirx.Var, lambda v: vmap.get(v, v)))
+    return dependence.StageView(body, tid, st.num_blocks, st.num_threads)
 
 
 def _has_barrier(stmt) -> bool:
@@ -299,34 +325,69 @@ def _launch_vars(func) -> set:
     return names
 
 
+def _launch_var(func, tag: str):
+    node = func.body
+    while isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+        if node.node.thread_tag == tag:
+            return node.node.var, int(node.value)
+        node = node.body
+    return None, 0
+
+
+def stage_view(stmt, bid, tid, grid: int) -> dependence.StageView | None:
+    """A stitched stage loop back in vb form (None if it is not one the stitcher wrote)."""
+    ann = stmt.annotations if isinstance(stmt, tirx.For) else {}
+    if STAGE_BLOCKS not in ann or STAGE_THREADS not in ann:
+        return None
+    threads = int(ann[STAGE_THREADS])
+    body = stmt.body
+    if isinstance(body, tirx.IfThenElse) and body.else_case is None and \
+            tvm_ffi.structural_equal(body.condition, tid < tirx.const(threads, "int64")):
+        body = body.then_case
+    vb = stmt.loop_var * tirx.const(grid, "int64") + bid
+    body = tvm_ffi.structural_map(body, (tirx.Add, lambda e: dependence.VB if tvm_ffi.structural_equal(e, vb) else e))
+    return dependence.StageView(body, tid, int(ann[STAGE_BLOCKS]), threads)
+
+
 def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyReport:
     """Prove the stitched kernel safe, or say what is wrong.
 
-    1. every stage that reads a buffer an earlier stage wrote has a grid sync in between;
+    1. every stage that reads a buffer an earlier stage wrote has the barrier the dependence
+       needs in between: a grid sync unless ``dependence`` proves the reads block-local (then a
+       block barrier) or thread-local;
     2. no barrier (grid sync, __syncthreads, cross-thread reduction) sits under a condition
        that depends on the thread or block index (some threads would never arrive);
     3. the grid fits the co-resident limit (when it is known).
     """
     problems = []
-    params = list(func.params)
-    written_since_sync: dict = {}
-    stages = syncs = 0
+    bid, launched = _launch_var(func, "blockIdx.x")
+    tid, _ = _launch_var(func, "threadIdx.x")
+    written: list = []          # (param, view, block barriers seen when written) since the last grid sync
+    stages = syncs = barriers = 0
     for stmt in stage_loops(func):
         if is_grid_sync(stmt):
             syncs += 1
-            written_since_sync = {}
+            written = []
+            continue
+        if dependence.is_block_barrier(stmt):
+            barriers += 1
             continue
         stages += 1
+        view = stage_view(stmt, bid, tid, launched) if bid is not None and tid is not None else None
         loads, stores = [], []
         tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
                                        (tirx.BufferStore, lambda x: stores.append(x.buffer))])
-        for p in params:
-            if any(b.same_as(p) for b in loads) and p.name in written_since_sync and \
-                    any(w.same_as(p) for w in written_since_sync[p.name]):
+        for p, wview, seen in written:
+            if not any(b.same_as(p) for b in loads):
+                continue
+            need = (dependence.barrier_needed(wview, p, view, p) if view is not None and wview is not None
+                    else dependence.GRID)
+            if need == dependence.GRID:
                 problems.append(f"stage {stages} reads {p.name}, written by an earlier stage with no grid sync between")
-        for p in params:
-            if any(b.same_as(p) for b in stores):
-                written_since_sync.setdefault(p.name, []).append(p)
+            elif need == dependence.BLOCK and seen == barriers:
+                problems.append(f"stage {stages} reads {p.name}, written by the same block of an earlier stage "
+                                "with no block barrier between")
+        written += [(p, view, barriers) for p in func.params if any(b.same_as(p) for b in stores)]
     launch = _launch_vars(func)
 
     def guarded(node):

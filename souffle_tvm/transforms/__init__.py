@@ -2,6 +2,7 @@
 
 from .fold_weights import fold_weights
 from .horizontal import horizontal
+from .two_phase import two_phase
 from .vertical import vertical
 
-__all__ = ["fold_weights", "horizontal", "vertical"]
+__all__ = ["fold_weights", "horizontal", "two_phase", "vertical"]

@@ -1,0 +1,176 @@
+"""Which barrier a stitched stage needs before it, proved from the stages' index maps.
+
+A stitched kernel runs stage after stage on the same grid; virtual block ``vb`` of every stage
+runs on physical block ``vb % G``, in program order. So a stage that reads only what the *same*
+virtual block of an earlier stage wrote needs no grid-wide barrier: a block barrier
+(``__syncthreads``, which also orders the block's global-memory accesses) is enough, and none
+at all when each thread reads only what it wrote itself.
+
+The proof works on a stage body in *vb form*: its block indices expressed through one symbolic
+virtual block ``vb`` and its thread indices through ``tid``. For the writer, an unguarded store
+whose indices are a bijective affine map of the iterators below ``vb`` (TVM's
+``detect_iter_map``) writes exactly a dense box whose corner depends only on ``vb``; the reader
+is block-local when every load of the buffer, bounded over its own iterators
+(``Analyzer.int_set``), provably stays inside that box for every ``vb`` it runs. Anything the
+analysis cannot see through (a guarded or data-dependent store, a let-bound index, a non-affine
+map, more reader blocks than writer blocks) keeps the grid sync: the proof may be incomplete,
+never unsound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm.sym as arith
+import tvm_ffi
+from tvm import tirx
+
+GRID, BLOCK, NONE = "grid", "block", "none"     # the barrier a dependence needs, strongest first
+_ORDER = {NONE: 0, BLOCK: 1, GRID: 2}
+
+VB = tirx.Var("vb", "int64")                     # the virtual block index of vb-form bodies
+
+
+def stronger(a: str, b: str) -> str:
+    return a if _ORDER[a] >= _ORDER[b] else b
+
+
+@dataclass
+class StageView:
+    """A stage in vb form: ``body`` uses ``VB`` for its block and ``tid`` for its thread."""
+
+    body: tirx.Stmt
+    tid: tirx.Var
+    blocks: int          # vb runs over [0, blocks)
+    threads: int         # tid runs over [0, threads)
+
+
+@dataclass
+class _Access:
+    indices: list
+    loops: dict          # enclosing loop var -> Range, inside the stage
+    guarded: bool        # under a condition (or a construct the walk does not model)
+
+
+def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
+    """Stores to and loads of ``buf`` in ``body``, with their enclosing loops."""
+    stores, loads = [], []
+
+    def loads_in(expr, loops, guarded):
+        tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda x: loads.append(_Access(list(x.indices), loops, guarded))
+                                       if x.source.same_as(buf) else None))
+
+    def visit(node, loops, guarded):
+        if isinstance(node, tirx.SeqStmt):
+            for s in node.seq:
+                visit(s, loops, guarded)
+        elif isinstance(node, tirx.For):
+            loads_in(node.min, loops, guarded)
+            loads_in(node.extent, loops, guarded)
+            visit(node.body, {**loops, node.loop_var: tvm.ir.Range.from_min_extent(node.min, node.extent)}, guarded)
+        elif isinstance(node, tirx.IfThenElse):
+            loads_in(node.condition, loops, guarded)
+            visit(node.then_case, loops, True)
+            if node.else_case is not None:
+                visit(node.else_case, loops, True)
+        elif isinstance(node, tirx.AttrStmt):
+            loads_in(node.value, loops, guarded)
+            visit(node.body, loops, guarded)
+        elif isinstance(node, tirx.BufferStore):
+            loads_in(node.value, loops, guarded)
+            for i in node.indices:
+                loads_in(i, loops, guarded)
+            if node.buffer.same_as(buf):
+                stores.append(_Access(list(node.indices), loops, guarded))
+        elif isinstance(node, (tirx.Evaluate, tirx.AllocBuffer, tirx.DeclBuffer)):
+            loads_in(node, loops, guarded)
+        else:   # anything else (let bindings, while loops...): its stores prove nothing
+            loads_in(node, loops, True)
+            tvm_ffi.structural_walk(node, (tirx.BufferStore, lambda s: stores.append(_Access(list(s.indices), loops, True))
+                                           if s.buffer.same_as(buf) else None))
+
+    visit(body, {}, False)
+    return stores, loads
+
+
+def _narrowed(c):
+    """``int64(int32(x))`` with ``x`` an int64 launch index is ``x``: block and thread indices
+    fit in 32 bits, and the arithmetic below cannot see through the round trip."""
+    if isinstance(c, tirx.Cast) and isinstance(c.value, tirx.Cast) and str(c.value.value.ty.dtype) == str(c.ty.dtype):
+        return c.value.value
+    return c
+
+
+def _i64(e):
+    e = tvm_ffi.structural_map(e, (tirx.Cast, _narrowed))
+    return e if str(e.ty.dtype) == "int64" else tirx.Cast("int64", e)
+
+
+def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
+    """The dense box ``[(base, extent)]`` an unguarded store writes for one vb (and one tid)."""
+    if store.guarded:
+        return None
+    iters = dict(store.loops)
+    if not per_thread:
+        iters[view.tid] = tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64"))
+    if not all(isinstance(r.extent, tirx.IntImm) for r in iters.values()):
+        return None
+    try:
+        res = arith.detect_iter_map([_i64(i) for i in store.indices], iters, True, "bijective")
+    except Exception:   # noqa: BLE001 - an index form the iterator analysis rejects proves nothing
+        return None
+    if len(res.errors) or len(res.indices) != len(store.indices):
+        return None
+    box = []
+    for s in res.indices:
+        if len(s.args) == 0:
+            box.append((s.base, 1))
+        elif len(s.args) == 1 and isinstance(s.args[0].scale, tirx.IntImm) and int(s.args[0].scale) == 1:
+            box.append((s.base, s.args[0].extent))
+        else:
+            return None
+    return box
+
+
+def _inside(load: _Access, box: list, view: StageView, per_thread: bool) -> bool:
+    ana = arith.Analyzer()
+    ana.bind(VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.blocks, "int64")))
+    dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in load.loops.items()}
+    tid_range = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
+    if per_thread:
+        ana.bind(view.tid, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64")))
+    else:
+        dom[view.tid] = tid_range
+    for idx, (base, ext) in zip(load.indices, box):
+        s = ana.int_set(_i64(idx), dom)
+        if not (ana.can_prove(s.min_value >= base) and ana.can_prove(s.max_value <= base + ext - 1)):
+            return False
+    return True
+
+
+def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
+    """The weakest barrier that makes ``reader``'s loads of ``rbuf`` see ``writer``'s stores to
+    ``wbuf`` (the same global buffer under each stage's own name): NONE, BLOCK or GRID."""
+    _, loads = _accesses(reader.body, rbuf)
+    if not loads:
+        return NONE
+    if reader.blocks > writer.blocks:       # some reader blocks have no writer block of their own
+        return GRID
+    stores, _ = _accesses(writer.body, wbuf)
+    levels = ((NONE, True), (BLOCK, False)) if reader.threads <= writer.threads else ((BLOCK, False),)
+    for level, per_thread in levels:
+        boxes = [b for s in stores for b in [_box(s, writer, per_thread)] if b is not None]
+        if boxes and all(any(_inside(ld, b, reader, per_thread) for b in boxes) for ld in loads):
+            return level
+    return GRID
+
+
+def block_barrier() -> tirx.Stmt:
+    """``__syncthreads()``: orders the block's shared *and* global memory accesses."""
+    return tirx.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+
+
+def is_block_barrier(stmt) -> bool:
+    return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
+            and getattr(stmt.value.op, "name", "") == "tirx.tvm_storage_sync")

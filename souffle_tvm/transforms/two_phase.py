@@ -1,0 +1,254 @@
+"""Two-phase reduction: a row reduction fed by a GEMM becomes per-tile partials and a combine.
+
+A reduction over the last axis of a GEMM's output (softmax's max and exp-sum, LayerNorm's sum
+and variance) would wait, after a grid sync, for whole rows. Split in two, its first phase
+reduces each ``tile``-wide slice of a row — exactly the slice one GEMM thread block wrote
+(``schedule.MATMUL_TILE``), so the stitcher can prove it block-local and drop the grid sync in
+between — into a partial buffer ``P[..., j]``; after one grid sync, the second phase combines
+the partials of a row. Deterministic (a fixed combine order), and exact in real arithmetic:
+
+* ``sum``/``max`` of an expression of the row element: partial sums/maxima, combined the same way;
+* ``sum((e - c)^2)`` for a row constant ``c`` (variance about the mean): per tile the sum ``s``
+  and the sum of squares about the tile's own mean ``m2``; combined with Chan et al.'s rule
+  ``sum_j m2_j + T (s_j/T - c)^2``, stable where ``E[x^2] - c^2`` is not;
+* ``sum(exp(e - c))`` (softmax's denominator): per tile the maximum ``m`` and ``sum(exp(e - m))``,
+  combined as ``sum_j s_j exp(m_j - c)`` (the online-softmax rescaling).
+
+Any other reduction, or one whose shape does not tile, is left as it was, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+from .. import analysis, te_rewrite
+from ..te_program import TEProgram
+
+PARTIAL_TAG = "souffle_partial"     # te.compute tag of first-phase stages (schedule.PartialRows)
+
+
+@dataclass
+class TwoPhaseResult:
+    program: TEProgram
+    split: dict[str, str] = field(default_factory=dict)     # reduction -> the form it was split in
+    kept: dict[str, str] = field(default_factory=dict)      # reduction -> why it was not
+
+
+def _reducer_kind(op) -> str | None:
+    red = op.body[0]
+    if not isinstance(red, tirx.Reduce) or len(red.combiner.result) != 1:
+        return None
+    res = red.combiner.result[0]
+    if isinstance(res, tirx.Add):
+        return "sum"
+    if isinstance(res, tirx.Max):
+        return "max"
+    return None
+
+
+def _row_element(expr, axes: list, k) -> bool:
+    """Every load in ``expr`` reads the row element (…, k), a per-column vector (k) or a scalar."""
+    for t, idx in te_rewrite.loads(expr):
+        if not idx:
+            continue
+        if not (_is_var(idx[-1], k) and
+                (len(idx) == 1 or (len(idx) == len(axes) + 1 and all(_is_var(i, a) for i, a in zip(idx, axes))))):
+            return False
+    return True
+
+
+def _row_constant(expr, axes: list) -> bool:
+    """A single load indexed by the row alone (the max, the mean)."""
+    if not te_rewrite.is_load(expr):
+        return False
+    idx = list(expr.args[1:])
+    return len(idx) == len(axes) and all(_is_var(i, a) for i, a in zip(idx, axes))
+
+
+def _is_var(e, v) -> bool:
+    return isinstance(e, tirx.Var) and e.same_as(v) or (isinstance(e, tirx.Cast) and _is_var(e.value, v))
+
+
+def _gemm_fed(expr, k) -> list[te.Tensor]:
+    """The reductions (GEMMs) whose output ``expr`` reads at the reduced column."""
+    return [t for t, idx in te_rewrite.loads(expr) if isinstance(t.op, te.ComputeOp)
+            and analysis.classify(t.op)[0] == analysis.REDUCTION and idx and _is_var(idx[-1], k)]
+
+
+def tiled_like_partials(gemm: te.Tensor) -> bool:
+    """Whether the stitched GEMM schedule (``schedule.MATMUL_TILE`` tiles) takes ``gemm``; only
+    then can a partial be block-local to it. Decided for CUDA, whatever the target, so the CPU
+    twin runs the same program."""
+    from .. import emit, schedule
+    from ..partition import Group
+    from ..targets import make_target
+
+    func, _ = emit.group_primfunc(Group([gemm]), [gemm])
+    key = tvm_ffi.structural_hash(func)
+    if key not in _TILED:
+        try:
+            _TILED[key] = schedule.schedule_group(func, make_target("cuda"), 256).rule == "Matmul"
+        except schedule.ScheduleError:
+            _TILED[key] = False
+    return _TILED[key]
+
+
+_TILED: dict = {}
+
+
+def _match(op, stages_by_op: dict) -> tuple:
+    """(form, e, c) for a splittable reduction — e the row-element expression, c the row
+    constant — or (None, why, None); why is None when the stage is no GEMM-fed row reduction."""
+    kind = _reducer_kind(op) if len(op.reduce_axis) == 1 and op.num_outputs == 1 else None
+    if kind is None:
+        return None, None, None
+    axes = [ax.var for ax in op.axis]
+    k = op.reduce_axis[0].var
+    src = op.body[0].source[0]
+    # softmax's exp-sum reads the kept exp stage: look through it
+    if te_rewrite.is_load(src) and src.args[0].op in stages_by_op:
+        t = src.args[0]
+        if analysis.classify(t.op)[0] == analysis.ONE_TO_ONE and len(src.args) - 1 == len(axes) + 1 \
+                and all(_is_var(i, a) for i, a in zip(src.args[1:], axes + [k])):
+            src = te_rewrite.body_at(t.op, t.value_index, axes + [k])
+    gemms = _gemm_fed(src, k)
+    if not gemms:
+        return None, None, None
+    if not all(tiled_like_partials(g) for g in gemms):
+        return None, "its GEMM is not scheduled in the tiles a partial can share", None
+    if _row_element(src, axes, k):
+        return kind, src, None
+    if kind == "sum" and isinstance(src, tirx.Mul) and tvm_ffi.structural_equal(src.a, src.b) \
+            and isinstance(src.a, tirx.Sub) and _row_element(src.a.a, axes, k) and _row_constant(src.a.b, axes):
+        return "sum-sq", src.a.a, src.a.b
+    if kind == "sum" and isinstance(src, tvm.ir.Call) and getattr(src.op, "name", "") == "tirx.exp" \
+            and isinstance(src.args[0], tirx.Sub) and _row_element(src.args[0].a, axes, k) \
+            and _row_constant(src.args[0].b, axes):
+        return "sum-exp", src.args[0].a, src.args[0].b
+    return None, "its body is not a row element, (e - c)^2 or exp(e - c)", None
+
+
+def _canonical(e, axes: list, k) -> str:
+    """The row-element expression as text over canonical names (loads by tensor identity), so
+    two reductions of the same row element share one partial (softmax's max and exp-sum)."""
+    vmap = {a: tirx.Var(f"a{i}", a.ty) for i, a in enumerate(axes)}
+    vmap[k] = tirx.Var("k", k.ty)
+    return str(te_rewrite.substitute(e, vmap, lambda t, idx: tirx.call_extern(
+        str(t.dtype), f"load_{t.op.__hash__():x}_{t.value_index}", *idx)))
+
+
+def _combine_fn(combine, reducer, parts: int):
+    def f(*sp):
+        j = te.reduce_axis((0, parts), name="j")
+        return reducer(combine(list(sp), j.var), axis=j)
+    return f
+
+
+def two_phase(prog: TEProgram, tile: int | None = None) -> TwoPhaseResult:
+    """Split every GEMM-fed row reduction whose row length and row count tile by ``tile``."""
+    from ..schedule import MATMUL_TILE
+
+    tile = tile or MATMUL_TILE
+    stages = prog.stages()
+    stages_by_op = {t.op: t for t in stages}
+    names = analysis.stage_names(stages)
+    result = TwoPhaseResult(prog)
+    new_of: dict = {}
+    partials: list = []          # (kind, e-canonical, tensor) for reuse across reductions
+
+    def load_fn(tensor, idx):
+        return new_of[tensor.op][tensor.value_index](*idx) if tensor.op in new_of else None
+
+    def partial(kind: str, e_of, shape, dtype, name: str, key_expr, extra=None):
+        """P[..., j] = reduce_{kk < tile} of the row element at k = j*tile + kk."""
+        for pk, pe, pt in partials:
+            if pk == kind and pe == key_expr:
+                return pt
+
+        def f(*idx):
+            kk = te.reduce_axis((0, tile), name="kk")
+            kidx = idx[-1] * tirx.const(tile, str(idx[-1].ty)) + kk.var
+            value = e_of(list(idx[:-1]), kidx)
+            if extra is not None:
+                value = extra(list(idx), value)
+            return (te.max if kind == "max" else te.sum)(value, axis=kk)
+
+        t = te.compute(shape, f, name=name, tag=PARTIAL_TAG, attrs={"souffle_partial_tile": tile})
+        partials.append((kind, key_expr, t))
+        return t
+
+    for t in stages:
+        op = t.op
+        form, e, c = _match(op, stages_by_op)
+        if form is not None:
+            K = int(op.reduce_axis[0].dom.extent)
+            spatial = [int(ax.dom.extent) for ax in op.axis]
+            if K % tile or K // tile < 2 or not spatial or spatial[-1] % tile:
+                form, e = None, f"row length {K} or row count {spatial[-1] if spatial else 0} does not tile by {tile}"
+        if form is None:
+            if e is not None:
+                result.kept[names[op]] = e
+            if any(x.op in new_of for x in op.input_tensors):
+                new_of[op] = te_rewrite.rebuild(op, load_fn)
+            continue
+        K = int(op.reduce_axis[0].dom.extent)
+        spatial = [int(ax.dom.extent) for ax in op.axis]
+        if K % tile or K // tile < 2 or not spatial or spatial[-1] % tile:
+            result.kept[names[op]] = f"row length {K} or row count {spatial[-1] if spatial else 0} does not tile by {tile}"
+            if any(x.op in new_of for x in op.input_tensors):
+                new_of[op] = te_rewrite.rebuild(op, load_fn)
+            continue
+        axes = [ax.var for ax in op.axis]
+        k = op.reduce_axis[0].var
+        dtype = str(t.dtype)
+        shape = spatial + [K // tile]
+
+        def e_of(sp, kidx, e=e, axes=axes, k=k):
+            vmap = {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}
+            vmap[k] = te_rewrite.cast_like(kidx, k)
+            return te_rewrite.substitute(e, vmap, load_fn)
+
+        def c_of(sp, c=c, axes=axes):
+            return te_rewrite.substitute(c, {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}, load_fn)
+
+        base = names[op]
+        T = tirx.const(float(tile), dtype)
+        key = _canonical(e, axes, k)
+        if form in ("sum", "max"):
+            p = partial(form, e_of, shape, dtype, f"{base}_partial", key)
+            combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
+            reducer = te.max if form == "max" else te.sum
+        elif form == "sum-sq":
+            s = partial("sum", e_of, shape, dtype, f"{base}_partial_sum", key)
+            m2 = partial("m2", e_of, shape, dtype, f"{base}_partial_m2", key,
+                         extra=lambda idx, v, s=s: (v - s(*idx) / T) * (v - s(*idx) / T))
+
+            def combine(sp, j, s=s, m2=m2, c_of=c_of):
+                d = s(*sp, j) / T - c_of(sp)
+                return m2(*sp, j) + T * d * d
+            reducer = te.sum
+        else:   # sum-exp
+            m = partial("max", e_of, shape, dtype, f"{base}_partial_max", key)
+            es = partial("sum-exp", e_of, shape, dtype, f"{base}_partial_expsum", key,
+                         extra=lambda idx, v, m=m: tirx.exp(v - m(*idx)))
+
+            def combine(sp, j, m=m, es=es, c_of=c_of):
+                return es(*sp, j) * tirx.exp(m(*sp, j) - c_of(sp))
+            reducer = te.sum
+
+        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // tile), name=f"{base}_combine")]
+        result.split[base] = form
+    if not result.split:
+        return result
+
+    def remap(x: te.Tensor) -> te.Tensor:
+        return new_of[x.op][x.value_index] if x.op in new_of else x
+
+    op_of = {n.op: prog.op_of.get(old, "?") for old, news in new_of.items() for n in news}
+    op_of.update({pt.op: "two-phase partial" for _, _, pt in partials})
+    result.program = prog.derive(remap, op_of={**prog.op_of, **op_of})
+    return result

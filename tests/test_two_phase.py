@@ -1,0 +1,172 @@
+"""Two-phase reductions after a GEMM (softmax, LayerNorm) and the barrier proof that makes the
+first phase block-local: numerics on the CPU twin and on the emulated stitched kernel, the
+barriers placed, and planted faults caught."""
+
+import pytest
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from conftest import needs_nvcc, run_and_compare
+from souffle_tvm import dependence, emulate, frontend, pipeline, runner, stitch, te_program
+from souffle_tvm.api import compile as compile_model
+from souffle_tvm.targets import make_target
+from souffle_tvm.transforms import horizontal, two_phase, vertical
+from souffle_tvm.zoo.builder import GraphBuilder
+
+CUDA = make_target("cuda")
+KINDS = ["softmax", "layernorm"]
+
+
+def gemm_then(kind: str, rows: int = 128, d: int = 256):
+    """x @ W + b + r followed by a softmax or a LayerNorm over the last axis."""
+    g = GraphBuilder(f"gemm_{kind}")
+    x, r = g.input("x", [1, rows, d]), g.input("r", [1, rows, d])
+    y = g.op("Add", [g.linear(x, d, d), r])
+    y = g.op("Softmax", [y], axis=-1) if kind == "softmax" else g.layer_norm(y, d)
+    g.output(y, [1, rows, d])
+    return g.model()
+
+
+def _program(model):
+    m = frontend.import_onnx(model)
+    prog = te_program.lower(m.mod, weight_values=m.params)
+    return vertical(horizontal(prog).program).program
+
+
+@pytest.mark.parametrize("kind,forms", [("softmax", {"T_softmax_maxelem": "max", "T_softmax_expsum": "sum-exp"}),
+                                        ("layernorm", {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"})])
+def test_reductions_after_a_gemm_are_split(kind, forms):
+    res = two_phase(_program(gemm_then(kind)))
+    assert res.split == forms
+    partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
+    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
+
+
+def test_rows_that_do_not_tile_are_kept_with_the_reason():
+    res = two_phase(_program(gemm_then("layernorm", rows=96)))
+    assert not res.split and all("does not tile by 64" in why for why in res.kept.values())
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def stitched(request):
+    m = frontend.import_onnx(gemm_then(request.param))
+    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+
+
+def _barriers(func):
+    return ["grid" if stitch.is_grid_sync(s) else "block" if dependence.is_block_barrier(s) else "stage"
+            for s in stitch.stage_loops(func)]
+
+
+def test_partials_run_in_the_gemm_blocks_with_one_grid_sync(stitched):
+    _, s = stitched
+    (k,) = s.stitched
+    # GEMM | block barrier | both partials (one stage) | grid sync | combine + normalise
+    assert _barriers(s.mod[k.name]) == ["stage", "block", "stage", "grid", "stage"]
+    assert k.grid_syncs == 1 and k.safety.ok
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_emulated_kernel_matches_the_reference(stitched, reverse):
+    m, s = stitched
+    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA, reverse=reverse), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_twin_matches(kind):
+    for cmp in run_and_compare(compile_model(gemm_then(kind), "llvm", "souffle", level="v3")):
+        assert cmp.rel_l2 < 1e-5, cmp
+
+
+def test_a_removed_block_barrier_is_caught(stitched):
+    _, s = stitched
+    func = s.mod[s.stitched[0].name]
+    seq = stitch.stage_loops(func)
+    broken = stitch.replace_stages(func, [x for x in seq if not dependence.is_block_barrier(x)])
+    problems = stitch.check(broken, 8, 528).problems
+    assert problems and "no block barrier" in problems[0]
+
+
+def test_a_partial_reading_the_next_blocks_tile_needs_a_grid_sync(stitched):
+    _, s = stitched
+    func = s.mod[s.stitched[0].name]
+    bid, grid = stitch._launch_var(func, "blockIdx.x")
+    tid, _ = stitch._launch_var(func, "threadIdx.x")
+    loops = [x for x in stitch.stage_loops(func) if isinstance(x, tirx.For)]
+    gemm, part = (stitch.stage_view(x, bid, tid, grid) for x in loops[:2])
+    buf = next(p for p in func.params if p.name == "matmul")
+    assert dependence.barrier_needed(gemm, buf, part, buf) == dependence.BLOCK
+    one = tirx.const(1, "int64")
+    shifted = dependence.StageView(tvm_ffi.structural_map(part.body, (tirx.Var, lambda v: dependence.VB + one
+                                                                      if v.same_as(dependence.VB) else v)),
+                                   part.tid, part.blocks - 1, part.threads)
+    assert dependence.barrier_needed(gemm, buf, shifted, buf) == dependence.GRID
+
+
+@needs_nvcc
+def test_two_phase_kernel_compiles_with_nvcc():
+    c = compile_model(gemm_then("layernorm"), "cuda", "souffle", level="v3")
+    (k,) = c.report.kernels
+    assert k.cooperative and k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
+    assert c.cuda_source.count("__syncthreads()") >= 1
+
+
+# -- dynamic shared memory above 48 KB for GEMM stages -------------------------------------------
+def _gemm_func():
+    from souffle_tvm import emit, partition
+
+    mm = next(t for t in _program(gemm_then("layernorm")).stages() if t.op.name == "matmul")
+    return emit.group_primfunc(partition.Group([mm]), [mm])[0]
+
+
+def _scopes(func):
+    text = func.script()
+    return {scope for scope in ("shared", "shared.dyn") if f'"{scope}"' in text}
+
+
+def test_gemm_tiles_over_48kb_go_to_dynamic_shared_memory():
+    from souffle_tvm import schedule
+
+    small = schedule.schedule_group(_gemm_func(), CUDA, 256)                     # K tile 16: 8.7 KB
+    big = schedule.schedule_group(_gemm_func(), CUDA, 256, gemm_k_tile=128)     # 2 x 64 x 130 x 4 B
+    assert small.rule == big.rule == "Matmul"
+    assert "shared" in _scopes(small.func) and "shared.dyn" not in _scopes(small.func)
+    assert "shared.dyn" in _scopes(big.func) and "shared" not in _scopes(big.func)
+
+
+def test_occupancy_counts_dynamic_shared_memory_and_its_opt_in_limit():
+    from souffle_tvm import hardware
+
+    h = hardware.GPUS["h200"]
+    # 66944 B + 1 KB reserved per block: 233472 // 67968 = 3 blocks by shared memory
+    assert hardware.occupancy(h, 256, 32, 66944) == hardware.Occupancy(3, "shared memory")
+    assert hardware.occupancy(h, 256, 32, h.smem_per_block_optin + 1).blocks_per_sm == 0
+
+
+@needs_nvcc
+def test_stitched_kernel_with_dynamic_shared_memory_compiles_and_fits():
+    from souffle_tvm import hardware
+
+    c = compile_model(gemm_then("layernorm"), "cuda", "souffle", level="v3", gemm_k_tile=128)
+    (k,) = c.report.kernels
+    assert "extern __shared__" in c.cuda_source
+    assert k.shared_bytes > 48 * 1024 and k.spill_bytes == 0 and k.cooperative
+    occ = hardware.occupancy(hardware.for_arch("sm_90"), 256, k.registers, k.shared_bytes)
+    assert k.max_coresident == occ.blocks_per_sm * 132 and k.grid[0] <= k.max_coresident
+
+
+def test_emulated_kernel_with_dynamic_shared_memory_matches():
+    m = frontend.import_onnx(gemm_then("layernorm"))
+    s = pipeline.run(m.mod, CUDA, m.params, level="v3", gemm_k_tile=128)
+    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
