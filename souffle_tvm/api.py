@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from . import build_tvm, pipeline, resources, tir_stats
+from . import build_tvm, hardware, pipeline, resources, tir_stats
 from .errors import SouffleError
 from .stitch import StitchError
 from .te_program import LoweringError
@@ -121,15 +121,18 @@ def _stitched_stats(result: build_tvm.BuildResult, souffle) -> None:
     """A stitched kernel does its stages' work and moves their traffic (intermediates included:
     without two-phase reductions they still pass through global memory)."""
     for k in souffle.stitched:
-        result.flops[k.name] = {f"{st}:{b}": f for st in k.stages for b, f in result.flops.get(st, {}).items()}
-        result.footprints[k.name] = {}
+        if k.refused:
+            continue
+        result.flops[k.function] = {f"{st}:{b}": f for st in k.stages for b, f in result.flops.get(st, {}).items()}
+        result.footprints[k.function] = {}
         for st in k.stages:
             for b, v in result.footprints.get(st, {}).items():
-                result.footprints[k.name][b] = result.footprints[k.name].get(b, 0) + v
+                result.footprints[k.function][b] = result.footprints[k.function].get(b, 0) + v
 
 
-def _check_coresidency(report: Report, arch: str) -> None:
-    """A cooperative grid must fit on the GPU at once, or grid.sync() deadlocks: refuse the build."""
+def _check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
+    """A cooperative grid must fit on the GPU at once, or grid.sync() deadlocks: refuse the build
+    (or, with ``raise_=False``, only fill in each kernel's co-resident limit)."""
     from .hardware import for_arch, occupancy
 
     gpu = for_arch(arch)
@@ -139,14 +142,14 @@ def _check_coresidency(report: Report, arch: str) -> None:
         occ = occupancy(gpu, k.block[0] * k.block[1] * k.block[2], k.registers, k.shared_bytes or 0)
         k.max_coresident = occ.max_coresident(gpu)
         blocks = k.grid[0] * k.grid[1] * k.grid[2]
-        if blocks > k.max_coresident:
+        if raise_ and blocks > k.max_coresident:
             raise StitchError(f"{k.name}: a grid of {blocks} blocks cannot be co-resident on {gpu.name} "
                               f"(at most {k.max_coresident}: {occ.blocks_per_sm}/SM, limited by {occ.limited_by})")
 
 
-def _build(imported: ImportedModel, souffle, tgt, nvcc: bool):
+def _build(imported: ImportedModel, souffle, tgt, nvcc: bool, check: bool = True):
     """Build the imported model (or its Souffle module) and report on it; raises StitchError when
-    a cooperative kernel's grid cannot be co-resident."""
+    a cooperative kernel's grid cannot be co-resident (``check``)."""
     t0 = time.perf_counter()
     if souffle is not None:
         result = build_tvm.build(souffle.mod, tgt, stats_from=souffle.unscheduled)
@@ -157,28 +160,53 @@ def _build(imported: ImportedModel, souffle, tgt, nvcc: bool):
     if is_cuda(tgt):
         src = cuda_source(result.executable)
         report = _cuda_report(imported.name, tgt, result, src, nvcc)
-        _check_coresidency(report, str(tgt.attrs["arch"]))
+        _check_coresidency(report, str(tgt.attrs["arch"]), raise_=check)
     else:
         src, report = None, _cpu_report(imported.name, result)
     return result, report, src
 
 
+MAX_FEEDBACK_ROUNDS = 3
+
+
+def _over_budget(report: Report, souffle, arch: str) -> dict[str, str]:
+    """{stitched kernel function: what ptxas found} for kernels that spill or leave no block of
+    the kernel co-resident on an SM: the partitioner's estimate was wrong about them."""
+    from .hardware import for_arch
+
+    gpu = for_arch(arch)
+    stitched = {k.function for k in souffle.stitched if not k.refused and len(k.stages) > 1}
+    out = {}
+    for k in report.kernels:
+        if k.primfunc not in stitched or k.registers is None:
+            continue
+        if k.spill_bytes:
+            out[k.primfunc] = f"{k.spill_bytes} B of register spills ({k.registers} registers)"
+        elif (k.max_coresident or 0) < gpu.sms:
+            out[k.primfunc] = (f"{k.registers} registers and {k.shared_bytes} B shared memory leave "
+                               f"{k.max_coresident} blocks co-resident, fewer than the {gpu.sms} SMs")
+    return out
+
+
 def _coresident_grids(report: Report, souffle) -> dict[str, int]:
-    """{stitched kernel: blocks} where more blocks than launched can be co-resident and useful."""
-    stitched = {k.name: k for k in souffle.stitched if not k.refused}
+    """{stitched kernel function: blocks} where the grid launched (from the static estimate)
+    differs from what ptxas' figures let be co-resident and the stages can use: fewer (needed,
+    or grid.sync() could deadlock) or more (more parallelism)."""
+    stitched = {k.function: k for k in souffle.stitched if not k.refused}
     out = {}
     for k in report.kernels:
         sk = stitched.get(k.primfunc)
         if sk is not None and k.cooperative and k.max_coresident:
             want = min(k.max_coresident, sk.max_blocks)
-            if want > sk.grid:
+            if want != sk.grid:
                 out[k.primfunc] = want
     return out
 
 
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
-            nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None) -> Compiled:
+            nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None,
+            partitioner: str = "budget") -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -187,7 +215,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     grids a second build widens to what ptxas' figures let be co-resident). A model that cannot be
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
     ``gemm_k_tile`` (v3, CUDA) sets the K tile of stitched GEMM stages (default 16); tiles over
-    48 KB go to dynamic shared memory.
+    48 KB go to dynamic shared memory. ``partitioner`` (v3): "budget" (resource-aware, the
+    default) or "blocks" (a subprogram per attention/FFN block).
     """
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
@@ -197,23 +226,41 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     souffle, fallback = None, None
     if fusion == "souffle":
         try:
-            souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile)
+            souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile,
+                                   partitioner=partitioner,
+                                   estimated_grids=nvcc and resources.nvcc_path() is not None)
         except LoweringError as err:
             fallback = str(err)   # documented: the whole model then builds through TVM's path
-    result, report, src = _build(imported, souffle, tgt, nvcc)
+    result, report, src = _build(imported, souffle, tgt, nvcc, check=False)
     nvcc_seconds = report.nvcc.get("seconds", 0.0)
+    for _ in range(MAX_FEEDBACK_ROUNDS if souffle is not None and souffle.partitioner == "budget" else 0):
+        # Schedule feedback: ptxas overrules the partitioner's estimate; split what did not fit.
+        over = _over_budget(report, souffle, str(tgt.attrs["arch"])) if report.nvcc.get("available") else {}
+        if not over:
+            break
+        souffle = pipeline.split(souffle, tgt, over)
+        result, report, src = _build(imported, souffle, tgt, nvcc, check=False)
+        nvcc_seconds += report.nvcc.get("seconds", 0.0)
     if souffle is not None and souffle.stitched and report.nvcc.get("available"):
-        # Second pass: each cooperative kernel gets the grid its measured registers and shared
-        # memory allow (the first build used one block per SM, which always fits).
+        # Second pass where needed: each cooperative kernel gets the grid its measured registers
+        # and shared memory allow (the first build used the static estimate's).
         grids = _coresident_grids(report, souffle)
         if grids:
-            wider = pipeline.restitch(souffle, tgt, grids)
+            again = pipeline.restitch(souffle, tgt, grids)
+            result2, report2, src2 = _build(imported, again, tgt, nvcc, check=False)
+            nvcc_seconds += report2.nvcc.get("seconds", 0.0)
             try:
-                result, report, src = _build(imported, wider, tgt, nvcc)
-                souffle = wider
+                _check_coresidency(report2, str(tgt.attrs["arch"]))
+                souffle, result, report, src = again, result2, report2, src2
+            except StitchError:
+                # the new grid changed the code enough not to fit: one block per SM always does
+                sms = {k.function: hardware.for_arch(str(tgt.attrs["arch"])).sms for k in souffle.stitched
+                       if not k.refused}
+                souffle = pipeline.restitch(souffle, tgt, sms)
+                result, report, src = _build(imported, souffle, tgt, nvcc, check=False)
                 nvcc_seconds += report.nvcc.get("seconds", 0.0)
-            except StitchError:      # a wider kernel that no longer fits: the first build stands
-                pass
+    if is_cuda(tgt) and report.nvcc.get("available"):
+        _check_coresidency(report, str(tgt.attrs["arch"]))      # never launch a grid that cannot be co-resident
     if souffle is not None:
         imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
     result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
@@ -229,8 +276,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             report.subprograms = [{"groups": [souffle.partition.groups[i].name for i in idx], "reason": why}
                                   for idx, why in souffle.subprograms]
             for kr in report.kernels:
-                sk = next((k for k in souffle.stitched if k.name == kr.primfunc), None)
+                sk = next((k for k in souffle.stitched if k.function == kr.primfunc), None)
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
-                    kr.bytes = sum(result.footprints[sk.name].values())
+                    kr.bytes = sum(result.footprints[sk.function].values())
     return Compiled(imported, tgt, result.executable, report, src)

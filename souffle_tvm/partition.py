@@ -1,8 +1,8 @@
 """The partitioner: where kernel boundaries go, each with a named reason.
 
-This module is the ONE place that decides boundaries. The current policy is the paper's V2
-ablation level (vertical fusion, no grid synchronisation): one kernel per *anchor* with what
-can run in the same thread blocks without a grid-wide barrier:
+This module is the ONE place that decides boundaries, in two steps. ``partition_v2`` (the
+paper's V2 ablation level: vertical fusion, no grid synchronisation) makes one group per
+*anchor* with what can run in the same thread blocks without a grid-wide barrier:
 
 * a reduction (GEMM, conv, sum, max) anchors a group;
 * a following reduction joins when it reduces the same rows the group already holds
@@ -11,8 +11,9 @@ can run in the same thread blocks without a grid-wide barrier:
 * a one-to-one stage joins as an epilogue when every non-weight input comes from the group;
 * anything else starts a new group, and the reason is recorded.
 
-The resource- and co-residency-driven partitioner (stitched kernels with grid.sync) replaces
-the joining rules; the Boundary records stay the same.
+At V3, ``subprograms_by_budget`` joins consecutive groups into subprograms, each stitched into
+one cooperative kernel, until a stage cannot be stitched, a resource limit or the compile-time
+budget is reached (docs/partitioner.md); every boundary keeps its reason.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ MAX_GROUPS_PER_SUBPROGRAM = 128
 def subprograms_by_normalization(groups: list[Group], readers: dict,
                                  stitchable: Callable[[int], "str | None"] = lambda i: None,
                                  max_groups: int = MAX_GROUPS_PER_SUBPROGRAM) -> list[tuple[list[int], str]]:
-    """The interim rule for V3 (the resource-aware partitioner replaces it): cut after every
+    """The first V3 rule (``--partitioner blocks``; ``subprograms_by_budget`` is the default): cut after every
     normalisation-like group — several reductions over the same rows whose result is read by
     two or more later groups (a LayerNorm feeding a GEMM and a residual) — at opaque ops, and
     around a group that cannot be stitched (``stitchable(i)`` returns why).
@@ -226,8 +227,117 @@ def subprograms_by_normalization(groups: list[Group], readers: dict,
         reductions = sum(1 for m in g.members if analysis.classify(m.op)[0] == analysis.REDUCTION)
         consumers = {owner.get(r) for m in g.members for r in readers.get(m.op, ()) if r is not None} - {i}
         if reductions >= 2 and len(consumers) >= 2:
-            out.append((current, f"after normalisation {g.name} (interim rule: one block per subprogram)"))
+            out.append((current, f"after normalisation {g.name} (rule: one attention / FFN block per subprogram)"))
             current = []
     if current:
         out.append((current, "end of model"))
+    return out
+
+
+def cut_cost(prog: TEProgram, groups: list[Group]) -> Callable[[int, int, int], int]:
+    """``cost(i, j, k)``: bytes that go through global memory *because* a subprogram grown over
+    groups ``i..j`` is cut after group ``k`` — tensors made in ``i..k`` and read in ``k+1..j+1``
+    (``j+1`` starts the next subprogram whatever the cut). Tensors read only further on (the
+    model's outputs, a far skip connection) cross anyway and do not count."""
+    from .analysis import tensor_bytes
+
+    owner = {m.op: i for i, g in enumerate(groups) for m in g.members}
+    for i, g in enumerate(groups):
+        if g.opaque is not None:
+            for t in g.opaque.outputs:
+                owner[t.op] = i
+    readers = readers_of(prog)
+    made: dict[int, list] = {}
+    for op, i in owner.items():
+        rs = {owner.get(r, i) for r in readers.get(op, set()) if r is not None} - {i}
+        if rs:
+            made.setdefault(i, []).append((tensor_bytes(op.output(0)), rs))
+
+    def cost(i: int, j: int, k: int) -> int:
+        return sum(size for g in range(i, k + 1) for size, rs in made.get(g, ())
+                   if any(k < r <= j + 1 for r in rs))
+
+    return cost
+
+
+Fit = Callable[[list[int]], "str | None"]
+
+
+def split_point(cost: Callable[[int, int, int], int], indices: list[int]) -> int:
+    """Where to split a subprogram that did not fit after all: the cheapest cut, nearest the middle."""
+    i, j = indices[0], indices[-1]
+    return min(range(i, j), key=lambda c: (cost(i, j, c), abs(c - (i + j) // 2)))
+
+# Compile-time budget of one stitched kernel, in lowered TIR statements: nvcc's time grows
+# faster than linearly with a kernel's size (full BERT-base fp32: 24 kernels of ~5 groups,
+# 26 s; 2 kernels of 64-128 groups, 130 s), while repeated layers cost nothing once their
+# kernels are identical (they are then one function, called once per layer).
+MAX_STATEMENTS_PER_SUBPROGRAM = 512
+
+
+def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], int],
+                          stitchable: Callable[[int], "str | None"], fits: Fit,
+                          size: Callable[[int], int] = lambda i: 1, signature: list | None = None,
+                          max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
+                          max_groups: int = MAX_GROUPS_PER_SUBPROGRAM,
+                          forced: dict[int, str] | None = None) -> list[tuple[list[int], str]]:
+    """The resource-aware partition of groups into stitched subprograms.
+
+    Grow the current subprogram in topological order while its stitched candidate fits
+    (``fits(indices)`` returns None, or the limit it breaks and by how much) and stays within
+    the compile-time budget (``size(i)`` statements per group, at most ``max_statements``, and
+    ``max_groups`` groups). A group that cannot be stitched (opaque op, a schedule with another
+    block size) ends it. When a *budget* ends it, the boundary goes where the fewest bytes must
+    cross it (``cost(i, j, k)``, see ``cut_cost``) within the grown window ``i..j`` — preferring,
+    among equals, a cut after which the
+    next subprogram starts with the same group as this one (``signature``), so repeated layers
+    become identical kernels — not blindly at the window's end.
+
+    ``forced`` maps a group to the reason a boundary must follow it (feedback from ptxas on an
+    earlier build: a stitched kernel that spilled or could not be co-resident).
+
+    Returns (group indices, the reason for the boundary that ends the subprogram).
+    """
+    sig = signature or list(range(len(groups)))
+    forced = forced or {}
+    out: list[tuple[list[int], str]] = []
+    i, n = 0, len(groups)
+    while i < n:
+        g = groups[i]
+        why = f"opaque op ({g.opaque.reason})" if g.opaque is not None else stitchable(i)
+        if why is not None:
+            out.append(([i], f"not stitchable: {why}"))
+            i += 1
+            continue
+        j, stop, used = i, "end of model", size(i)
+        while True:
+            if j + 1 >= n:
+                break
+            if j in forced:
+                stop = forced[j]
+                break
+            nxt = groups[j + 1]
+            nwhy = f"opaque op ({nxt.opaque.reason})" if nxt.opaque is not None else stitchable(j + 1)
+            if nwhy is not None:
+                stop = f"next group is not stitchable: {nwhy}"
+                break
+            if j + 2 - i > max_groups or used + size(j + 1) > max_statements:
+                stop = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
+                        "per stitched kernel")
+                break
+            over = fits(list(range(i, j + 2)))
+            if over is not None:
+                stop = f"adding {nxt.name} breaks a resource limit: {over}"
+                break
+            j += 1
+            used += size(j)
+        if stop.startswith(("compile-time", "adding")):
+            # in the window's second half: a long-lived tensor made early would otherwise make
+            # the first group the cheapest cut again and again
+            costs = {c: cost(i, j, c) for c in range(i + (j - i) // 2, j + 1)}
+            k = min(costs, key=lambda c: (costs[c], c + 1 < n and sig[c + 1] != sig[i], -c))
+            stop += f"; cut after {groups[k].name}, where {costs[k]} B more cross"
+            j = k
+        out.append((list(range(i, j + 1)), stop))
+        i = j + 1
     return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
+from tvm import tirx
 
 from . import partition, passes, te_program
 from .partition import Partition
@@ -35,19 +37,33 @@ class SouffleModule:
     unstitched: tvm.IRModule | None = None            # ``mod`` before stitching (for restitch)
     subprograms: list = field(default_factory=list)   # (group indices, reason for the cut)
     two_phase: TwoPhaseResult | None = None           # reductions split in two, and why others were not
+    partitioner: str = "budget"
+    forced: dict = field(default_factory=dict)         # group index -> why a boundary must follow it
+    estimated_grids: bool = False                      # first grids from the static estimate (checked later)
 
 
 STITCH_BLOCK = 256  # one block size for every stage of a stitched kernel
 
 
+PARTITIONERS = ("budget", "blocks")
+
+
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2",
-        gemm_k_tile: int | None = None) -> SouffleModule:
+        gemm_k_tile: int | None = None, partitioner: str = "budget",
+        estimated_grids: bool = False) -> SouffleModule:
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params).
 
     ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16); tiles over
-    48 KB of shared memory go to dynamic shared memory."""
+    48 KB of shared memory go to dynamic shared memory. ``partitioner`` (v3): "budget", the
+    resource-aware partitioner (``partition.subprograms_by_budget``), or "blocks", the first
+    rule (a subprogram per attention / FFN block: cut after each normalisation).
+    ``estimated_grids``: stitched grids as large as the static estimate lets be co-resident —
+    only for a caller that checks them against ptxas before anything runs; otherwise one block
+    per SM, which is co-resident whenever a block fits at all."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
+    if partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {partitioner!r}; available: {', '.join(PARTITIONERS)}")
     # Lowering runs first, outside the pass machinery, so a LoweringError reaches the caller
     # as itself (exceptions crossing TVM's FFI come back as RuntimeError) and the caller can
     # fall back to TVM's path; the transforms then run as the passes users compose.
@@ -62,23 +78,44 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
                            info.get("horizontal"), info["partition"], [p.numpy() for p in passes.params_of(out)],
                            two_phase=info.get("two_phase"))
     if stitching:
+        result.partitioner = partitioner
+        result.estimated_grids = estimated_grids
         _stitch(result, target)
     return result
 
 
 def restitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, int]) -> SouffleModule:
-    """The same subprograms stitched again with per-kernel grid sizes (``{kernel name: blocks}``),
-    e.g. the co-resident limit measured from the first build's registers."""
+    """The same subprograms stitched again with per-kernel grid sizes (``{kernel function:
+    blocks}``), e.g. the co-resident limit measured from the first build's registers. Every
+    subprogram that shared a function gets the same grid, so they share one again."""
     import dataclasses
 
     again = dataclasses.replace(result, mod=result.unstitched)
-    _stitch(again, target, grids)
+    _stitch(again, target, {k.name: grids.get(k.function, k.grid) for k in result.stitched if not k.refused})
+    return again
+
+
+def split(result: SouffleModule, target: tvm.target.Target, why: dict[str, str]) -> SouffleModule:
+    """Schedule feedback: every subprogram whose stitched kernel is in ``why`` (``{kernel
+    function: what ptxas found}``) is cut in two, where the fewest extra bytes cross, and the
+    model stitched again (budget partitioner; earlier forced cuts are kept)."""
+    import dataclasses
+
+    cost = partition.cut_cost(result.program, result.partition.groups)
+    forced = dict(result.forced)
+    for k in result.stitched:
+        idx = result.subprograms[int(k.name.rsplit("_", 1)[1])][0]    # souffle_stitched_<subprogram>
+        if k.function in why and len(idx) > 1:
+            cut = partition.split_point(cost, idx)
+            forced[cut] = f"ptxas feedback: {why[k.function]}; split after {result.partition.groups[cut].name}"
+    again = dataclasses.replace(result, mod=result.unstitched, forced=forced)
+    _stitch(again, target)
     return again
 
 
 def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, int] | None = None) -> None:
     """Group the partition's kernels into subprograms and stitch each into one kernel."""
-    from . import hardware, stitch
+    from . import estimate, hardware, stitch
 
     groups = result.partition.groups
     call_index, n = {}, 0
@@ -89,16 +126,71 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
     calls = [b.value for blk in result.mod["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
 
-    def stitchable(i: int) -> str | None:
-        return stitch.why_not_stitchable(result.mod[calls[call_index[i]].args[0]], target, STITCH_BLOCK)
+    def func_of(i: int):
+        return result.mod[calls[call_index[i]].args[0]]
 
-    subs = partition.subprograms_by_normalization(groups, partition.readers_of(result.program), stitchable)
+    def stitchable(i: int) -> str | None:
+        return stitch.why_not_stitchable(func_of(i), target, STITCH_BLOCK)
+
     gpu = hardware.for_arch(str(target.attrs["arch"]))
-    # One block per SM is co-resident for any kernel that launches at all (256 threads, static
-    # shared memory); the co-resident limit of the grids asked for comes from ptxas' figures and
-    # is checked by the build (api._check_coresidency).
+    lowered = _LoweredGroups(func_of, target)
+    if result.partitioner == "blocks":
+        subs = partition.subprograms_by_normalization(groups, partition.readers_of(result.program), stitchable)
+    else:
+        subs = partition.subprograms_by_budget(
+            groups, partition.cut_cost(result.program, groups), stitchable, _fits(lowered, gpu),
+            size=lowered.statements, forced=result.forced,
+            signature=[tvm_ffi.structural_hash(func_of(i)) if g.opaque is None else None for i, g in enumerate(groups)])
+    if grids is None and result.estimated_grids:
+        # First build: as many blocks as the static estimate lets be co-resident (at least one
+        # per SM); the build checks the grid against ptxas' figures and the caller re-stitches
+        # where they differ (api._coresident_grids).
+        grids = {}
+        for k, (idx, _) in enumerate(subs):
+            if len(idx) > 1 and all(i in call_index for i in idx):
+                est = estimate.kernel([estimate.stage(st.body) for i in idx for st in lowered.stages(i)])
+                per_sm = hardware.occupancy(gpu, STITCH_BLOCK, est.registers, est.shared_bytes).blocks_per_sm
+                grids[f"souffle_stitched_{k}"] = max(per_sm, 1) * gpu.sms
     result.unstitched = result.mod
     result.mod, result.stitched = stitch.stitch_module(
         result.mod, target, [[call_index[i] for i in idx if i in call_index] for idx, _ in subs],
         grid=gpu.sms, block=STITCH_BLOCK, grids=grids)
     result.subprograms = subs
+
+
+class _LoweredGroups:
+    """Each group's stages lowered once (for the estimate and the statement count)."""
+
+    def __init__(self, func_of, target):
+        self.func_of, self.target, self.cache = func_of, target, {}
+
+    def stages(self, i: int) -> list:
+        if i not in self.cache:
+            from . import stitch
+
+            self.cache[i] = stitch.lower_stage("g", self.func_of(i), self.target)
+        return self.cache[i]
+
+    def statements(self, i: int) -> int:
+        count = [0]
+        for st in self.stages(i):
+            tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
+        return count[0]
+
+
+def _fits(lowered: _LoweredGroups, gpu):
+    """The budget of a candidate subprogram, from the static estimate of its stitched kernel:
+    no spills, and at least one block per SM co-resident (the one-wave grid of the paper)."""
+    from . import estimate, hardware
+
+    def fits(indices: list[int]) -> str | None:
+        est = estimate.kernel([estimate.stage(st.body) for i in indices for st in lowered.stages(i)])
+        if est.spills:
+            return f"registers: more than {estimate.MAX_REGISTERS} per thread (estimated), ptxas would spill"
+        occ = hardware.occupancy(gpu, STITCH_BLOCK, est.registers, est.shared_bytes)
+        if occ.blocks_per_sm < 1:
+            return (f"{occ.limited_by}: {est.registers} registers, {est.shared_bytes} B shared memory per "
+                    f"block (estimated) leave no block of {STITCH_BLOCK} threads co-resident on an SM")
+        return None
+
+    return fits

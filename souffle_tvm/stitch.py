@@ -224,6 +224,11 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         seq.append(tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt,
                             annotations={STAGE_BLOCKS: i64(st.num_blocks), STAGE_THREADS: i64(st.num_threads)}))
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
+    # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as is,
+    # it is a free variable, and structurally identical kernels (one per transformer layer)
+    # would not be recognised as one.
+    body = tvm_ffi.structural_map(body, (tirx.AttrStmt, lambda a: tirx.AttrStmt(tirx.const(0, "int32"), a.attr_key, a.value, a.body)
+                                         if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
                          "thread_extent", b64, body)
@@ -416,6 +421,7 @@ class StitchedKernel:
     grid: int
     safety: SafetyReport | None = None
     max_blocks: int = 0            # the most blocks any stage has: more grid would idle
+    function: str = ""             # the PrimFunc it calls: identical kernels (repeated layers) share one
     refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
 
 
@@ -551,7 +557,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
             if isinstance(key, tuple) and key[1] == pos:
                 env[alias] = items[key]
     return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety,
-                          max_blocks=max(st.num_blocks for st in stages))
+                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint)
 
 
 class _Key:

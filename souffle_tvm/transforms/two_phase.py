@@ -80,20 +80,26 @@ def _gemm_fed(expr, k) -> list[te.Tensor]:
 
 
 def tiled_like_partials(gemm: te.Tensor) -> bool:
-    """Whether the stitched GEMM schedule (``schedule.MATMUL_TILE`` tiles) takes ``gemm``; only
-    then can a partial be block-local to it. Decided for CUDA, whatever the target, so the CPU
-    twin runs the same program."""
-    from .. import emit, schedule
+    """Whether the stitched GEMM schedule lays ``gemm`` out in ``schedule.MATMUL_TILE`` tiles
+    of 16x16 threads (not, e.g., dlight's tensor-core variant); only then can a partial be
+    block-local to it. Decided for CUDA, whatever the target, so the CPU twin runs the same
+    program."""
+    from .. import emit, schedule, stitch
     from ..partition import Group
     from ..targets import make_target
 
     func, _ = emit.group_primfunc(Group([gemm]), [gemm])
     key = tvm_ffi.structural_hash(func)
     if key not in _TILED:
+        target = make_target("cuda")
         try:
-            _TILED[key] = schedule.schedule_group(func, make_target("cuda"), 256).rule == "Matmul"
-        except schedule.ScheduleError:
-            _TILED[key] = False
+            done = schedule.schedule_group(func, target, 256)
+            stages = stitch.lower_stage("gemm", done.func, target) if done.rule == "Matmul" else []
+        except (schedule.ScheduleError, stitch.StitchError):
+            stages = []
+        threads = {schedule.MATMUL_THREADS}
+        _TILED[key] = len(stages) == 1 and {e for _, e in stages[0].threads.values()} == threads \
+            and set(stages[0].threads) == {"threadIdx.x", "threadIdx.y"}
     return _TILED[key]
 
 
