@@ -14,7 +14,9 @@ is block-local when every load of the buffer, bounded over its own iterators
 (``Analyzer.int_set``), provably stays inside that box for every ``vb`` it runs. Anything the
 analysis cannot see through (a guarded or data-dependent store, a let-bound index, a non-affine
 map, more reader blocks than writer blocks) keeps the grid sync: the proof may be incomplete,
-never unsound.
+never unsound. It assumes what every schedule here guarantees: a stage writes each element of
+an output from one block (no split-K across blocks); write-after-read and write-after-write
+between stages always get a grid sync (``stitch.stitch``).
 """
 
 from __future__ import annotations
