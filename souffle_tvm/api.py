@@ -206,7 +206,7 @@ def _coresident_grids(report: Report, souffle) -> dict[str, int]:
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
             nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None,
-            partitioner: str = "budget") -> Compiled:
+            partitioner: str = "budget", reduction: str = "deterministic") -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -216,7 +216,9 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
     ``gemm_k_tile`` (v3, CUDA) sets the K tile of stitched GEMM stages (default 16); tiles over
     48 KB go to dynamic shared memory. ``partitioner`` (v3): "budget" (resource-aware, the
-    default) or "blocks" (a subprogram per attention/FFN block).
+    default) or "blocks" (a subprogram per attention/FFN block). ``reduction`` (v3, CUDA):
+    "deterministic" two-phase reductions (partial buffer + combine) or "atomic" (fp32 sums with
+    atomicAdd).
     """
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
@@ -227,7 +229,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     if fusion == "souffle":
         try:
             souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile,
-                                   partitioner=partitioner,
+                                   partitioner=partitioner, reduction=reduction,
                                    estimated_grids=nvcc and resources.nvcc_path() is not None)
         except LoweringError as err:
             fallback = str(err)   # documented: the whole model then builds through TVM's path

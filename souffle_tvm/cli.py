@@ -34,6 +34,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
                    help="v3 on CUDA: K tile of the stitched GEMM stages (default 16); "
                         "tiles over 48 KB go to dynamic shared memory")
+    p.add_argument("--reduction", default="deterministic", choices=["deterministic", "atomic"],
+                   help="v3 on CUDA: two-phase reductions with a partial buffer and a combine (default), "
+                        "or fp32 sums accumulated with atomicAdd")
     p.add_argument("--partitioner", default="budget", choices=["budget", "blocks"],
                    help="v3: budget = boundaries only where a resource or the compile-time budget forces one "
                         "(default); blocks = one kernel per attention / FFN block")
@@ -135,7 +138,8 @@ def cmd_compile(args) -> int:
     t = time.perf_counter()
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
-                             level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner)
+                             level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
+                             reduction=args.reduction)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:

@@ -87,6 +87,9 @@ def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
                 stores.append(_Access(list(node.indices), loops, guarded))
         elif isinstance(node, (tirx.Evaluate, tirx.AllocBuffer, tirx.DeclBuffer)):
             loads_in(node, loops, guarded)
+            from .stitch import atomic_targets   # an atomic update writes, but proves no ownership
+            if any(b.same_as(buf) for b in atomic_targets(node)):
+                stores.append(_Access([], loops, True))
         else:   # anything else (let bindings, while loops...): its stores prove nothing
             loads_in(node, loops, True)
             tvm_ffi.structural_walk(node, (tirx.BufferStore, lambda s: stores.append(_Access(list(s.indices), loops, True))

@@ -30,7 +30,7 @@ from tvm import tirx
 
 from .errors import SouffleError
 from .te_rewrite import cast_like, dtype_of
-from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name
+from .stitch import ATOMIC_ADD, BARRIERS, calls_to, is_grid_sync, launch_form, op_name
 
 _I64 = "int64"
 
@@ -259,11 +259,25 @@ def _written_params(func: tirx.PrimFunc) -> list:
     return [p for p in func.params if any(p.same_as(b) for b in stored)]
 
 
+def _atomics_in_order(node):
+    """``atomicAdd(&buf[i], v)`` becomes ``buf[i] = buf[i] + v``: threads run one after another
+    here, so the additions happen in thread order (one of the orders a GPU may pick)."""
+    def conv(ev):
+        call = ev.value
+        if op_name(call) != ATOMIC_ADD:
+            return ev
+        target = call.args[0].args[0]
+        return tirx.BufferStore(target.source, tirx.BufferLoad(target.source, list(target.indices)) + call.args[1],
+                                list(target.indices))
+    return tvm_ffi.structural_map(node, (tirx.Evaluate, conv))
+
+
 def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel",
                      reverse: bool = False) -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
     ``reverse`` runs each phase's blocks last to first."""
     low = launch_form(func, target, name)
+    low = tirx.PrimFunc(low.params, _atomics_in_order(low.body), attrs=low.attrs)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     body = []
     for p in _written_params(low):

@@ -26,7 +26,7 @@ from tvm import te
 
 from . import analysis, te_rewrite
 from .te_program import OpaqueStage, TEProgram
-from .transforms.two_phase import PARTIAL_TAG
+from .transforms.two_phase import ATOMIC_ATTR, PARTIAL_TAG
 
 
 @dataclass
@@ -127,6 +127,10 @@ def _split_until_fits(prog: TEProgram, groups: list[Group], fits: Fits) -> list[
     return out
 
 
+def _atomic(group: Group) -> bool:
+    return any(ATOMIC_ATTR in (m.op.attrs or {}) for m in group.members)
+
+
 def _partials_first(stages: list[te.Tensor]) -> list[te.Tensor]:
     """The topological order with each two-phase partial right after its last producer, so it
     joins the kernel of the GEMM it reduces (and its sibling partials), ahead of the combines."""
@@ -181,10 +185,11 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
             reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
                       if prods & members else "reduction of data produced by earlier kernels")
         else:
-            if prods & members:
+            if prods & members and not _atomic(current):
                 current.members.append(t)
                 continue
-            reason = "one-to-one stage reads no data of the previous kernel"
+            reason = ("reads sums accumulated with atomics, complete only after a grid sync" if prods & members
+                      else "one-to-one stage reads no data of the previous kernel")
         groups.append(Group([t], reason=reason))
     for o in prog.opaque:
         if o.name not in emitted_opaque:

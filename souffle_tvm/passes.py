@@ -100,9 +100,10 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
     return _transform_pass("souffle.VerticalFusion", vertical, "vertical")
 
 
-def TwoPhaseReduction() -> tvm.transform.Pass:  # noqa: N802
-    """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``)."""
-    return _transform_pass("souffle.TwoPhaseReduction", two_phase, "two_phase")
+def TwoPhaseReduction(atomic: bool = False) -> tvm.transform.Pass:  # noqa: N802
+    """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
+    ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA)."""
+    return _transform_pass("souffle.TwoPhaseReduction", lambda prog: two_phase(prog, atomic=atomic), "two_phase")
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.PartitionAndEmit")
@@ -172,12 +173,12 @@ LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
                     lower: bool = True, block_size: int | None = None,
-                    gemm_k_tile: int | None = None) -> tvm.transform.Pass:
+                    gemm_k_tile: int | None = None, atomic_reductions: bool = False) -> tvm.transform.Pass:
     """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → TwoPhaseReduction → PartitionAndEmit.
 
     ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
     """
     steps = [LowerToTE(params)] if lower else []
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(),
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(atomic_reductions),
               PartitionAndEmit(target, block_size, gemm_k_tile)]
     return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

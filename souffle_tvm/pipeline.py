@@ -50,7 +50,7 @@ PARTITIONERS = ("budget", "blocks")
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2",
         gemm_k_tile: int | None = None, partitioner: str = "budget",
-        estimated_grids: bool = False) -> SouffleModule:
+        estimated_grids: bool = False, reduction: str = "deterministic") -> SouffleModule:
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params).
 
     ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16); tiles over
@@ -59,9 +59,15 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     rule (a subprogram per attention / FFN block: cut after each normalisation).
     ``estimated_grids``: stitched grids as large as the static estimate lets be co-resident —
     only for a caller that checks them against ptxas before anything runs; otherwise one block
-    per SM, which is co-resident whenever a block fits at all."""
+    per SM, which is co-resident whenever a block fits at all. ``reduction`` (v3): two-phase
+    reductions with a partial buffer and a combine ("deterministic", the default) or, for fp32
+    sums on CUDA, with atomicAdd ("atomic")."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
+    if reduction not in ("deterministic", "atomic"):
+        raise ValueError(f"unknown reduction form {reduction!r}: deterministic or atomic")
+    if reduction == "atomic" and not is_cuda(target):
+        raise ValueError("atomic two-phase reductions are a CUDA option (the CPU twin is deterministic)")
     if partitioner not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {partitioner!r}; available: {', '.join(PARTITIONERS)}")
     # Lowering runs first, outside the pass machinery, so a LoweringError reaches the caller
@@ -71,7 +77,8 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     stitching = level == "v3" and is_cuda(target)
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
         out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None,
-                                     gemm_k_tile=gemm_k_tile if stitching else None)(mod)
+                                     gemm_k_tile=gemm_k_tile if stitching else None,
+                                     atomic_reductions=reduction == "atomic")(mod)
     info = passes.info_of(out)
     clean = out.without_attr(passes.INFO).without_attr(passes.PARAMS)
     result = SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),

@@ -9,6 +9,7 @@ gets alone: fusing must not degrade a tiled GEMM to the fallback schedule.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import tvm
@@ -31,7 +32,7 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"Matmul": 3, "PartialRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def _rules(block_size: int | None, gemm_k_tile: int | None = None):
@@ -43,7 +44,8 @@ def _rules(block_size: int | None, gemm_k_tile: int | None = None):
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size != 256:
         raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
-    return [PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [AtomicRows(), PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
 
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.
@@ -65,7 +67,7 @@ class PartialRows:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
         tiles = {int(sch.get(b).annotations.get("souffle_partial_tile", 0)) for b in blocks}
-        if len(tiles) != 1 or 0 in tiles:
+        if len(tiles) != 1 or 0 in tiles or any("souffle_atomic" in sch.get(b).annotations for b in blocks):
             return None
         (tile,) = tiles
         *lead, rows, col, red = sch.get_loops(blocks[0])
@@ -78,6 +80,97 @@ class PartialRows:
         for b in blocks[1:]:     # later partials of the same rows: same threads, same loop
             sch.reverse_compute_at(b, ri)
         return sch
+
+
+class AtomicRows:
+    """The atomic form of a two-phase row sum (``two_phase(..., atomic=True)``), written as
+    launch-form TIR (no schedule primitive binds a reduction to blocks): a zero fill of the row
+    results, then blocks laid out like ``PartialRows`` each sum their tile's slice of a row in a
+    register and ``atomicAdd`` it into the row's result. The stitcher hoists the zero fill to
+    the kernel's start and orders the additions before any reader with a grid sync."""
+
+    def apply(self, func, target, _tune):
+        import tvm_ffi
+        from tvm import s_tir
+
+        realizes = []
+        tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: realizes.append(r)))
+        realizes = [r for r in realizes if r.block.name_hint != "root"]
+        if not realizes or not all("souffle_atomic" in (r.block.annotations or {}) for r in realizes):
+            return None
+        first = realizes[0].block
+        tile = int(first.annotations["souffle_partial_tile"])
+        spatial = [iv for iv in first.iter_vars if int(iv.iter_type) == 0]
+        reduce = [iv for iv in first.iter_vars if int(iv.iter_type) == 2]
+        if len(reduce) != 1 or not spatial:
+            return None
+        ext = [int(iv.dom.extent) for iv in spatial]
+        k_ext = int(reduce[0].dom.extent)
+        if ext[-1] % tile or k_ext % tile:
+            return None
+        lead = math.prod(ext[:-1])
+        i32 = lambda v: tirx.const(v, "int32")  # noqa: E731
+
+        def launch(tag, var, n, body):
+            return tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(i32(0), i32(n)), var, 1, tag), "thread_extent", i32(n), body)
+
+        def coords(flat, dims):            # row-major: the last dimension moves fastest
+            out = []
+            for d in reversed(dims):
+                out.append(tirx.floormod(flat, i32(d)))
+                flat = tirx.floordiv(flat, i32(d))
+            return list(reversed(out))
+
+        # 1. zero fill of every row result
+        total, zx, zt = math.prod(ext), tirx.Var("blockIdx_x", "int32"), tirx.Var("threadIdx_x", "int32")
+        flat = zx * i32(256) + zt
+        where = coords(flat, ext)
+        zeros = [tirx.BufferStore(r.block.body.buffer, tirx.const(0, str(r.block.body.buffer.ty.dtype)), where)
+                 for r in realizes]
+        zero = launch("blockIdx.x", zx, -(-total // 256), launch("threadIdx.x", zt, 256,
+                      tirx.IfThenElse(flat < i32(total), tirx.SeqStmt(zeros) if len(zeros) > 1 else zeros[0], None)))
+        # 2. per tile: a register sum, one atomicAdd per row
+        bx, by, tx = tirx.Var("blockIdx_x", "int32"), tirx.Var("blockIdx_y", "int32"), tirx.Var("threadIdx_x", "int32")
+        kk = tirx.Var("kk", "int32")
+        parts = k_ext // tile
+        row = [*coords(tirx.floordiv(by, i32(parts)), ext[:-1]), bx * i32(tile) + tx]
+        k = tirx.floormod(by, i32(parts)) * i32(tile) + kk
+        body = []
+        for r in realizes:
+            blk = r.block
+            store = blk.body
+            value = store.value.b if _is_load_of(store.value.a, store.buffer) else store.value.a
+            vmap = {iv.var: te_cast(c, iv.var) for iv, c in zip([iv for iv in blk.iter_vars if int(iv.iter_type) == 0], row)}
+            vmap[[iv for iv in blk.iter_vars if int(iv.iter_type) == 2][0].var] = te_cast(k, reduce[0].var)
+            value = tvm_ffi.structural_map(value, (tirx.Var, lambda v: vmap.get(v, v)))
+            dtype = str(store.buffer.ty.dtype)
+            acc = tirx.decl_buffer([1], dtype, f"{blk.name_hint}_acc", scope="local")
+            body += [tirx.AllocBuffer(acc), tirx.BufferStore(acc, tirx.const(0, dtype), [i32(0)]),
+                     tirx.For(kk, i32(0), i32(tile), tirx.ForKind.SERIAL,
+                              tirx.BufferStore(acc, tirx.BufferLoad(acc, [i32(0)]) + value, [i32(0)])),
+                     tirx.Evaluate(tvm.backend.cuda.op.cuda_atomic_add(
+                         tirx.address_of(tirx.BufferLoad(store.buffer, row)), tirx.BufferLoad(acc, [i32(0)])))]
+        adds = launch("blockIdx.x", bx, ext[-1] // tile, launch("blockIdx.y", by, lead * parts,
+                      launch("threadIdx.x", tx, tile, tirx.SeqStmt(body))))
+        out = tirx.PrimFunc(func.params, tirx.SeqStmt([zero, adds]), attrs=func.attrs)
+        return _Done(out.with_attr("tirx.is_scheduled", True))
+
+
+class _Done:
+    """A rule's result that is already a function (what ``schedule_group`` reads off a Schedule)."""
+
+    def __init__(self, func):
+        self.mod = {"main": func}
+
+
+def _is_load_of(expr, buf) -> bool:
+    return isinstance(expr, tvm.ir.TensorLoad) and expr.source.same_as(buf)
+
+
+def te_cast(value, like):
+    from .te_rewrite import cast_like
+
+    return cast_like(value, like)
 
 
 @functools.cache

@@ -45,6 +45,19 @@ def calls_to(node, names) -> list:
     return found
 
 
+ATOMIC_ADD = "tirx.cuda.atomic_add"
+
+
+def atomic_targets(node) -> list:
+    """The buffers ``node`` updates with ``atomicAdd(&buf[...], v)`` (writes no BufferStore shows)."""
+    out = []
+    for call in calls_to(node, (ATOMIC_ADD,)):
+        addr = call.args[0]
+        if op_name(addr) == "tirx.address_of" and isinstance(addr.args[0], tvm.ir.TensorLoad):
+            out.append(addr.args[0].source)
+    return out
+
+
 class StitchError(SouffleError):
     """The stages cannot be stitched as given (mismatched block sizes, barriers under guards...)."""
 
@@ -162,6 +175,7 @@ def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
     loads, stores = [], []
     tvm_ffi.structural_walk(stage.body, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
                                          (tirx.BufferStore, lambda x: stores.append(x.buffer))])
+    stores += atomic_targets(stage.body)
     read = [any(b.same_as(p) for b in loads) for p in stage.params]
     written = [any(b.same_as(p) for b in stores) for p in stage.params]
     return read, written
@@ -185,6 +199,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for p, k in zip(st.params, keys):
             param_of.setdefault(k, p)
     params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)]
+    stages, args = _fills_first(stages, args)
     bid = tirx.Var("blockIdx_x", "int64")
     tid = tirx.Var("threadIdx_x", "int64")
     i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
@@ -239,6 +254,29 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         attrs["target"] = target
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
     return func, syncs
+
+
+def _fills_first(stages: list, args: list) -> tuple[list, list]:
+    """Stages that only fill buffers with constants (the zero fill before an atomic sum) go to
+    the kernel's start when no earlier stage touches those buffers: there the grid syncs the
+    kernel has anyway order them before their readers, instead of one more sync."""
+    order = list(range(len(stages)))
+    touched: set = set()
+    fills = []
+    for i, (st, keys) in enumerate(zip(stages, args)):
+        reads, writes = _param_access(st)
+        mine = {k for w, k in zip(writes, keys) if w}
+        if not any(reads) and mine and not (mine & touched) and _constant_stores(st.body):
+            fills.append(i)
+        touched |= {k for r, w, k in zip(reads, writes, keys) if r or w}
+    order = fills + [i for i in order if i not in fills]
+    return [stages[i] for i in order], [args[i] for i in order]
+
+
+def _constant_stores(body) -> bool:
+    values = []
+    tvm_ffi.structural_walk(body, (tirx.BufferStore, lambda s: values.append(s.value)))
+    return bool(values) and all(isinstance(v, (tirx.IntImm, tirx.FloatImm)) for v in values) and not atomic_targets(body)
 
 
 def _vb_form(st: LoweredStage, keys: list, param_of: dict, tid: tirx.Var) -> dependence.StageView:
@@ -382,6 +420,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
         loads, stores = [], []
         tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
                                        (tirx.BufferStore, lambda x: stores.append(x.buffer))])
+        stores += atomic_targets(stmt)
         for p, wview, seen in written:
             if not any(b.same_as(p) for b in loads):
                 continue

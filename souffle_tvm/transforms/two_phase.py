@@ -29,6 +29,7 @@ from .. import analysis, te_rewrite
 from ..te_program import TEProgram
 
 PARTIAL_TAG = "souffle_partial"     # te.compute tag of first-phase stages (schedule.PartialRows)
+ATOMIC_ATTR = "souffle_atomic"      # ... of those accumulated with atomics (schedule.AtomicRows)
 
 
 @dataclass
@@ -147,6 +148,13 @@ def _canonical(e, axes: list, k) -> str:
         str(t.dtype), f"load_{t.op.__hash__():x}_{t.value_index}", *idx)))
 
 
+def _from_sums(s1, q, c_of, k):
+    def f(*sp):
+        c = c_of(list(sp))
+        return q(*sp) - 2.0 * c * s1(*sp) + k * c * c
+    return f
+
+
 def _combine_fn(combine, reducer, parts: int):
     def f(*sp):
         j = te.reduce_axis((0, parts), name="j")
@@ -154,8 +162,14 @@ def _combine_fn(combine, reducer, parts: int):
     return f
 
 
-def two_phase(prog: TEProgram, tile: int | None = None) -> TwoPhaseResult:
-    """Split every GEMM-fed row reduction whose row length and row count tile by ``tile``."""
+def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) -> TwoPhaseResult:
+    """Split every GEMM-fed row reduction whose row length and row count tile by ``tile``.
+
+    ``atomic`` (CUDA): fp32 sums — and the variance, as ``E[x^2]``-style sums — accumulate
+    straight into their row results with ``atomicAdd`` (``ATOMIC_ATTR`` stages, built by
+    ``schedule.AtomicRows``) instead of a partial buffer and a combine; the order of the
+    additions, hence the rounding, is then not fixed. Max and softmax's exp-sum stay
+    deterministic (no float atomic for them)."""
     from ..schedule import MATMUL_TILE
 
     tile = tile or MATMUL_TILE
@@ -168,6 +182,24 @@ def two_phase(prog: TEProgram, tile: int | None = None) -> TwoPhaseResult:
 
     def load_fn(tensor, idx):
         return new_of[tensor.op][tensor.value_index](*idx) if tensor.op in new_of else None
+
+    def atomic_sum(e_of, spatial, K, dtype, name: str, key_expr, square: bool = False):
+        """A[...] = sum over the row of e (or e^2): a plain reduction in TE, accumulated with
+        atomics per GEMM tile on CUDA."""
+        kind = "atomic-sq" if square else "atomic-sum"
+        for pk, pe, pt in partials:
+            if pk == kind and pe == key_expr:
+                return pt
+
+        def f(*sp):
+            kr = te.reduce_axis((0, K), name="k")
+            v = e_of(list(sp), kr.var)
+            return te.sum(v * v if square else v, axis=kr)
+
+        t = te.compute(spatial, f, name=name, tag=PARTIAL_TAG,
+                       attrs={"souffle_partial_tile": tile, ATOMIC_ATTR: 1})
+        partials.append((kind, key_expr, t))
+        return t
 
     def partial(kind: str, e_of, shape, dtype, name: str, key_expr, extra=None):
         """P[..., j] = reduce_{kk < tile} of the row element at k = j*tile + kk."""
@@ -224,6 +256,16 @@ def two_phase(prog: TEProgram, tile: int | None = None) -> TwoPhaseResult:
         base = names[op]
         T = tirx.const(float(tile), dtype)
         key = _canonical(e, axes, k)
+        if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
+            s1 = atomic_sum(e_of, spatial, K, dtype, f"{base}_atomic_sum", key)
+            if form == "sum":
+                new_of[op] = [s1]
+            else:   # sum((e - c)^2) = sum(e^2) - 2 c sum(e) + K c^2
+                q = atomic_sum(e_of, spatial, K, dtype, f"{base}_atomic_sq", key, square=True)
+                kf = tirx.const(float(K), dtype)
+                new_of[op] = [te.compute(spatial, _from_sums(s1, q, c_of, kf), name=f"{base}_from_sums")]
+            result.split[base] = form + " (atomic)"
+            continue
         if form in ("sum", "max"):
             p = partial(form, e_of, shape, dtype, f"{base}_partial", key)
             combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
