@@ -54,6 +54,16 @@ def stitched(request):
     return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
 
 
+def _assert_emulated_matches(m, s, reverse: bool = False):
+    """The stitched CUDA module ``s`` of model ``m``, run through the GPU-semantics emulator."""
+    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA, reverse=reverse), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+
+
 def _barriers(func):
     return ["grid" if stitch.is_grid_sync(s) else "block" if dependence.is_block_barrier(s) else "stage"
             for s in stitch.stage_loops(func)]
@@ -70,12 +80,7 @@ def test_partials_run_in_the_gemm_blocks_with_one_grid_sync(stitched):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_emulated_kernel_matches_the_reference(stitched, reverse):
     m, s = stitched
-    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA, reverse=reverse), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for cmp in runner.compare(m.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+    _assert_emulated_matches(m, s, reverse)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -164,12 +169,7 @@ def test_stitched_kernel_with_dynamic_shared_memory_compiles_and_fits():
 def test_emulated_kernel_with_dynamic_shared_memory_matches():
     m = frontend.import_onnx(gemm_then("layernorm"))
     s = pipeline.run(m.mod, CUDA, m.params, level="v3", gemm_k_tile=128)
-    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for cmp in runner.compare(m.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+    _assert_emulated_matches(m, s)
 
 
 # -- the atomic form -----------------------------------------------------------------------------
@@ -201,12 +201,7 @@ def test_atomic_kernel_zero_fills_first_and_syncs_before_readers(atomic_layernor
 @pytest.mark.parametrize("reverse", [False, True])
 def test_atomic_kernel_emulated_matches(atomic_layernorm, reverse):
     m, s = atomic_layernorm
-    ex = tvm.compile(emulate.emulate_module(s.mod, CUDA, reverse=reverse), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, s.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for cmp in runner.compare(m.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+    _assert_emulated_matches(m, s, reverse)
 
 
 def test_a_reader_of_atomic_sums_without_a_grid_sync_is_caught(atomic_layernorm):
