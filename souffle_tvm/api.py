@@ -166,7 +166,7 @@ def _build(imported: ImportedModel, souffle, tgt, nvcc: bool, check: bool = True
     return result, report, src
 
 
-MAX_FEEDBACK_ROUNDS = 3
+MAX_FEEDBACK_ROUNDS = 6   # each round halves the kernels that did not fit
 
 
 def _over_budget(report: Report, souffle, arch: str) -> dict[str, str]:

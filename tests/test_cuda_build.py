@@ -20,3 +20,18 @@ def test_small_model_cuda_build_compiles_with_nvcc(name, arch):
         assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
         assert all(g >= 1 for g in k.grid) and 1 <= k.block[0] * k.block[1] * k.block[2] <= 1024
     assert r.launches >= r.distinct_kernels
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ZOO)
+def test_small_model_stitched_build_compiles_and_fits(name):
+    """``--fusion souffle --level v3``: cooperative kernels that ptxas accepts without spills,
+    each passing the static check, with grids that can be co-resident."""
+    compiled = compile_model(name, "cuda", "souffle", small=True, level="v3")
+    r = compiled.report
+    coop = [k for k in r.kernels if k.cooperative]
+    assert coop and r.nvcc["available"]
+    for k in r.kernels:
+        assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
+    for k in coop:
+        assert k.grid_syncs and k.grid[0] <= k.max_coresident
