@@ -20,8 +20,9 @@ import time
 
 import tvm
 
-from souffle_tvm import zoo
+from souffle_tvm import hardware, roofline, zoo
 from souffle_tvm.api import compile as compile_model
+from souffle_tvm.frontend import import_onnx
 
 CONFIGS = (("tvm", "tvm", None), ("souffle_v2", "souffle", "v2"), ("souffle_v3", "souffle", "v3"))
 
@@ -36,11 +37,13 @@ def main() -> int:
     args = ap.parse_args()
 
     rows = []
+    gpu = hardware.for_arch(args.arch)
     total = len(args.models) * len(CONFIGS)
     step = 0
     for name in args.models:
         dtype = zoo.MODELS[name].paper_dtype
-        row = {"model": name, "dtype": dtype}
+        compulsory = roofline.compulsory_bytes(import_onnx(name, small=args.small, dtype=dtype))
+        row = {"model": name, "dtype": dtype, "compulsory_bytes": compulsory}
         for key, fusion, level in CONFIGS:
             step += 1
             print(f"[{step}/{total}] {name} ({dtype}) --fusion {fusion} {level or ''} ...", flush=True)
@@ -48,7 +51,9 @@ def main() -> int:
             c = compile_model(name, "cuda", fusion, arch=args.arch, small=args.small, dtype=dtype,
                               nvcc=not args.no_nvcc, level=level or "v2")
             r = c.report
-            row[key] = {"launches": r.launches, "distinct_kernels": r.distinct_kernels,
+            est = roofline.estimate(r, gpu, dtype, compulsory)
+            row["roofline_floor_ms_estimate"] = round(est.floor * 1e3, 4)
+            row[key] = {"roofline_ms_estimate": round(est.seconds * 1e3, 4),"launches": r.launches, "distinct_kernels": r.distinct_kernels,
                         "compile_seconds": r.compile_seconds, "total_seconds": round(time.perf_counter() - t, 2),
                         "nvcc_seconds": r.nvcc.get("seconds"), "bytes": r.bytes, "flops": r.flops,
                         "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in r.kernels)}
@@ -64,16 +69,20 @@ def main() -> int:
     with open(path, "w") as f:
         json.dump({**meta, "models": rows}, f, indent=2)
     lines = ["| model | dtype | launches tvm | souffle v2 | souffle v3 | v3 grid syncs | tvm / v3 "
-             "| build s tvm | v2 | v3 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| build s tvm | v2 | v3 | est. ms tvm | est. ms v3 | est. floor ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, v2, v3 = r["tvm"], r["souffle_v2"], r["souffle_v3"]
         lines.append(f"| {r['model']} | {r['dtype']} | {t['launches']} | {v2['launches']} | {v3['launches']} | "
                      f"{v3['grid_syncs']} | {t['launches'] / max(v3['launches'], 1):.1f}x | "
-                     f"{t['compile_seconds']:.1f} | {v2['compile_seconds']:.1f} | {v3['compile_seconds']:.1f} |")
+                     f"{t['compile_seconds']:.1f} | {v2['compile_seconds']:.1f} | {v3['compile_seconds']:.1f} | "
+                     f"{t['roofline_ms_estimate']:.3f} | {v3['roofline_ms_estimate']:.3f} | "
+                     f"{r['roofline_floor_ms_estimate']:.3f} |")
     table = "\n".join(lines)
     with open(path.replace(".json", ".md"), "w") as f:
         f.write(f"Kernel launches per inference, {meta['target']}, {stamp}, TVM {meta['tvm']}; souffle v2 = "
-                f"transforms + one kernel per anchor group; v3 = + subprograms stitched with grid syncs\n\n{table}\n")
+                f"transforms + one kernel per anchor group; v3 = + subprograms stitched with grid syncs. "
+                f"est. ms: roofline ESTIMATES for {gpu.name} (souffle_tvm/roofline.py), not measurements\n\n{table}\n")
     print(table)
     print(f"wrote {path}")
     return 0
