@@ -397,7 +397,8 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
 
     1. every stage that reads a buffer an earlier stage wrote has the barrier the dependence
        needs in between: a grid sync unless ``dependence`` proves the reads block-local (then a
-       block barrier) or thread-local;
+       block barrier) or thread-local; a stage that writes a buffer an earlier stage read or
+       wrote has a grid sync in between;
     2. no barrier (grid sync, __syncthreads, cross-thread reduction) sits under a condition
        that depends on the thread or block index (some threads would never arrive);
     3. the grid fits the co-resident limit (when it is known).
@@ -406,11 +407,12 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
     bid, launched = _launch_var(func, "blockIdx.x")
     tid, _ = _launch_var(func, "threadIdx.x")
     written: list = []          # (param, view, block barriers seen when written) since the last grid sync
+    touched: list = []          # params read or written since the last grid sync
     stages = syncs = barriers = 0
     for stmt in stage_loops(func):
         if is_grid_sync(stmt):
             syncs += 1
-            written = []
+            written, touched = [], []
             continue
         if dependence.is_block_barrier(stmt):
             barriers += 1
@@ -431,7 +433,12 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
             elif need == dependence.BLOCK and seen == barriers:
                 problems.append(f"stage {stages} reads {p.name}, written by the same block of an earlier stage "
                                 "with no block barrier between")
-        written += [(p, view, barriers) for p in func.params if any(b.same_as(p) for b in stores)]
+        mine = [p for p in func.params if any(b.same_as(p) for b in stores)]
+        for p in mine:       # write after read / write: the stitcher always orders these with a grid sync
+            if any(t.same_as(p) for t in touched):
+                problems.append(f"stage {stages} writes {p.name}, which an earlier stage uses, with no grid sync between")
+        written += [(p, view, barriers) for p in mine]
+        touched += mine + [p for p in func.params if any(b.same_as(p) for b in loads)]
     launch = _launch_vars(func)
 
     def guarded(node):

@@ -227,3 +227,12 @@ def test_atomic_kernel_compiles_with_nvcc():
     assert all(k.spill_bytes == 0 for k in c.report.kernels)
     coop = [k for k in c.report.kernels if k.cooperative]
     assert coop and all(k.grid[0] <= k.max_coresident for k in coop)
+
+
+def test_atomics_racing_their_zero_fill_are_caught(atomic_layernorm):
+    _, s = atomic_layernorm
+    func = s.mod[s.stitched[0].function]
+    seq = stitch.stage_loops(func)
+    first_sync = next(i for i, x in enumerate(seq) if stitch.is_grid_sync(x))
+    problems = stitch.check(stitch.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:]), 8, 528).problems
+    assert any("atomic_sum" in p and "no grid sync" in p for p in problems), problems
