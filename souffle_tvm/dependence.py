@@ -87,8 +87,7 @@ def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
                 stores.append(_Access(list(node.indices), loops, guarded))
         elif isinstance(node, (tirx.Evaluate, tirx.AllocBuffer, tirx.DeclBuffer)):
             loads_in(node, loops, guarded)
-            from .stitch import atomic_targets   # an atomic update writes, but proves no ownership
-            if any(b.same_as(buf) for b in atomic_targets(node)):
+            if any(b.same_as(buf) for b in atomic_targets(node)):   # writes, but proves no ownership
                 stores.append(_Access([], loops, True))
         else:   # anything else (let bindings, while loops...): its stores prove nothing
             loads_in(node, loops, True)
@@ -169,6 +168,24 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
         if boxes and all(any(_inside(ld, b, reader, per_thread) for b in boxes) for ld in loads):
             return level
     return GRID
+
+
+ATOMIC_ADD = "tirx.cuda.atomic_add"
+
+
+def atomic_targets(node) -> list:
+    """The buffers ``node`` updates with ``atomicAdd(&buf[...], v)`` (writes no BufferStore shows)."""
+    out = []
+
+    def visit(call):
+        if getattr(call.op, "name", "") != ATOMIC_ADD:
+            return
+        addr = call.args[0]
+        if getattr(addr.op, "name", "") == "tirx.address_of" and isinstance(addr.args[0], tvm.ir.TensorLoad):
+            out.append(addr.args[0].source)
+
+    tvm_ffi.structural_walk(node, (tvm.ir.Call, visit))
+    return out
 
 
 def block_barrier() -> tirx.Stmt:

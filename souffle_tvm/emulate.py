@@ -30,7 +30,8 @@ from tvm import tirx
 
 from .errors import SouffleError
 from .te_rewrite import cast_like, dtype_of
-from .stitch import ATOMIC_ADD, BARRIERS, calls_to, is_grid_sync, launch_form, op_name
+from .dependence import ATOMIC_ADD
+from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name
 
 _I64 = "int64"
 

@@ -305,11 +305,15 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
     """
     sig = signature or list(range(len(groups)))
     forced = forced or {}
+
+    def unstitchable(i: int) -> str | None:
+        g = groups[i]
+        return f"opaque op ({g.opaque.reason})" if g.opaque is not None else stitchable(i)
+
     out: list[tuple[list[int], str]] = []
     i, n = 0, len(groups)
     while i < n:
-        g = groups[i]
-        why = f"opaque op ({g.opaque.reason})" if g.opaque is not None else stitchable(i)
+        why = unstitchable(i)
         if why is not None:
             out.append(([i], f"not stitchable: {why}"))
             i += 1
@@ -322,7 +326,7 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
                 stop = forced[j]
                 break
             nxt = groups[j + 1]
-            nwhy = f"opaque op ({nxt.opaque.reason})" if nxt.opaque is not None else stitchable(j + 1)
+            nwhy = unstitchable(j + 1)
             if nwhy is not None:
                 stop = f"next group is not stitchable: {nwhy}"
                 break

@@ -122,7 +122,7 @@ def split(result: SouffleModule, target: tvm.target.Target, why: dict[str, str])
 
 def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, int] | None = None) -> None:
     """Group the partition's kernels into subprograms and stitch each into one kernel."""
-    from . import estimate, hardware, stitch
+    from . import hardware, stitch
 
     groups = result.partition.groups
     call_index, n = {}, 0
@@ -155,7 +155,7 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
         grids = {}
         for k, (idx, _) in enumerate(subs):
             if len(idx) > 1 and all(i in call_index for i in idx):
-                est = estimate.kernel([estimate.stage(st.body) for i in idx for st in lowered.stages(i)])
+                est = lowered.estimate(idx)
                 per_sm = hardware.occupancy(gpu, STITCH_BLOCK, est.registers, est.shared_bytes).blocks_per_sm
                 grids[f"souffle_stitched_{k}"] = max(per_sm, 1) * gpu.sms
     result.unstitched = result.mod
@@ -169,7 +169,7 @@ class _LoweredGroups:
     """Each group's stages lowered once (for the estimate and the statement count)."""
 
     def __init__(self, func_of, target):
-        self.func_of, self.target, self.cache = func_of, target, {}
+        self.func_of, self.target, self.cache, self.estimates = func_of, target, {}, {}
 
     def stages(self, i: int) -> list:
         if i not in self.cache:
@@ -177,6 +177,16 @@ class _LoweredGroups:
 
             self.cache[i] = stitch.lower_stage("g", self.func_of(i), self.target)
         return self.cache[i]
+
+    def estimate(self, indices: list[int]):
+        """The static estimate of these groups stitched into one kernel (per-stage figures cached:
+        the partitioner asks again for every group it grows a candidate by)."""
+        from . import estimate
+
+        for i in indices:
+            if i not in self.estimates:
+                self.estimates[i] = [estimate.stage(st.body) for st in self.stages(i)]
+        return estimate.kernel([e for i in indices for e in self.estimates[i]])
 
     def statements(self, i: int) -> int:
         count = [0]
@@ -191,7 +201,7 @@ def _fits(lowered: _LoweredGroups, gpu):
     from . import estimate, hardware
 
     def fits(indices: list[int]) -> str | None:
-        est = estimate.kernel([estimate.stage(st.body) for i in indices for st in lowered.stages(i)])
+        est = lowered.estimate(indices)
         if est.spills:
             return f"registers: more than {estimate.MAX_REGISTERS} per thread (estimated), ptxas would spill"
         occ = hardware.occupancy(gpu, STITCH_BLOCK, est.registers, est.shared_bytes)

@@ -17,6 +17,8 @@ from tvm import tirx
 
 from . import tir_stats
 from .errors import SouffleError
+from .te_rewrite import cast_like
+from .transforms.two_phase import ATOMIC_ATTR, TILE_ATTR
 from .targets import is_cuda
 
 
@@ -66,8 +68,8 @@ class PartialRows:
 
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        tiles = {int(sch.get(b).annotations.get("souffle_partial_tile", 0)) for b in blocks}
-        if len(tiles) != 1 or 0 in tiles or any("souffle_atomic" in sch.get(b).annotations for b in blocks):
+        tiles = {int(sch.get(b).annotations.get(TILE_ATTR, 0)) for b in blocks}
+        if len(tiles) != 1 or 0 in tiles or any(ATOMIC_ATTR in sch.get(b).annotations for b in blocks):
             return None
         (tile,) = tiles
         *lead, rows, col, red = sch.get_loops(blocks[0])
@@ -96,10 +98,10 @@ class AtomicRows:
         realizes = []
         tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: realizes.append(r)))
         realizes = [r for r in realizes if r.block.name_hint != "root"]
-        if not realizes or not all("souffle_atomic" in (r.block.annotations or {}) for r in realizes):
+        if not realizes or not all(ATOMIC_ATTR in (r.block.annotations or {}) for r in realizes):
             return None
         first = realizes[0].block
-        tile = int(first.annotations["souffle_partial_tile"])
+        tile = int(first.annotations[TILE_ATTR])
         spatial = [iv for iv in first.iter_vars if int(iv.iter_type) == 0]
         reduce = [iv for iv in first.iter_vars if int(iv.iter_type) == 2]
         if len(reduce) != 1 or not spatial:
@@ -140,8 +142,8 @@ class AtomicRows:
             blk = r.block
             store = blk.body
             value = store.value.b if _is_load_of(store.value.a, store.buffer) else store.value.a
-            vmap = {iv.var: te_cast(c, iv.var) for iv, c in zip([iv for iv in blk.iter_vars if int(iv.iter_type) == 0], row)}
-            vmap[[iv for iv in blk.iter_vars if int(iv.iter_type) == 2][0].var] = te_cast(k, reduce[0].var)
+            vmap = {iv.var: cast_like(c, iv.var) for iv, c in zip([iv for iv in blk.iter_vars if int(iv.iter_type) == 0], row)}
+            vmap[[iv for iv in blk.iter_vars if int(iv.iter_type) == 2][0].var] = cast_like(k, reduce[0].var)
             value = tvm_ffi.structural_map(value, (tirx.Var, lambda v: vmap.get(v, v)))
             dtype = str(store.buffer.ty.dtype)
             acc = tirx.decl_buffer([1], dtype, f"{blk.name_hint}_acc", scope="local")
@@ -165,12 +167,6 @@ class _Done:
 
 def _is_load_of(expr, buf) -> bool:
     return isinstance(expr, tvm.ir.TensorLoad) and expr.source.same_as(buf)
-
-
-def te_cast(value, like):
-    from .te_rewrite import cast_like
-
-    return cast_like(value, like)
 
 
 @functools.cache

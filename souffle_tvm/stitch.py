@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from . import dependence
+from .dependence import atomic_targets
 from .emit import K_OPAQUE
 from .errors import SouffleError
 from .te_rewrite import cast_like
@@ -43,19 +44,6 @@ def calls_to(node, names) -> list:
     found = []
     tvm_ffi.structural_walk(node, (tvm.ir.Call, lambda c: found.append(c) if op_name(c) in names else None))
     return found
-
-
-ATOMIC_ADD = "tirx.cuda.atomic_add"
-
-
-def atomic_targets(node) -> list:
-    """The buffers ``node`` updates with ``atomicAdd(&buf[...], v)`` (writes no BufferStore shows)."""
-    out = []
-    for call in calls_to(node, (ATOMIC_ADD,)):
-        addr = call.args[0]
-        if op_name(addr) == "tirx.address_of" and isinstance(addr.args[0], tvm.ir.TensorLoad):
-            out.append(addr.args[0].source)
-    return out
 
 
 class StitchError(SouffleError):
@@ -199,7 +187,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for p, k in zip(st.params, keys):
             param_of.setdefault(k, p)
     params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)]
-    stages, args = _fills_first(stages, args)
+    access = [_param_access(st) for st in stages]     # (read, written) per parameter, per stage
+    stages, args, access = _fills_first(stages, args, access)
     bid = tirx.Var("blockIdx_x", "int64")
     tid = tirx.Var("threadIdx_x", "int64")
     i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
@@ -212,7 +201,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
             raise StitchError(f"{st.name}: {st.num_threads} threads per block, the kernel has {block}")
         if st.num_threads < block and _has_barrier(st.body):
             raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
-        reads, writes = _param_access(st)
+        reads, writes = access[i]
         need = dependence.NONE
         for r, w, k in zip(reads, writes, keys):
             if r:
@@ -256,21 +245,20 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     return func, syncs
 
 
-def _fills_first(stages: list, args: list) -> tuple[list, list]:
+def _fills_first(stages: list, args: list, access: list) -> tuple[list, list, list]:
     """Stages that only fill buffers with constants (the zero fill before an atomic sum) go to
     the kernel's start when no earlier stage touches those buffers: there the grid syncs the
     kernel has anyway order them before their readers, instead of one more sync."""
     order = list(range(len(stages)))
     touched: set = set()
     fills = []
-    for i, (st, keys) in enumerate(zip(stages, args)):
-        reads, writes = _param_access(st)
+    for i, (st, keys, (reads, writes)) in enumerate(zip(stages, args, access)):
         mine = {k for w, k in zip(writes, keys) if w}
         if not any(reads) and mine and not (mine & touched) and _constant_stores(st.body):
             fills.append(i)
         touched |= {k for r, w, k in zip(reads, writes, keys) if r or w}
     order = fills + [i for i in order if i not in fills]
-    return [stages[i] for i in order], [args[i] for i in order]
+    return [stages[i] for i in order], [args[i] for i in order], [access[i] for i in order]
 
 
 def _constant_stores(body) -> bool:

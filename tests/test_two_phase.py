@@ -204,12 +204,16 @@ def test_atomic_kernel_emulated_matches(atomic_layernorm, reverse):
     _assert_emulated_matches(m, s, reverse)
 
 
-def test_a_reader_of_atomic_sums_without_a_grid_sync_is_caught(atomic_layernorm):
-    _, s = atomic_layernorm
-    func = s.mod[s.stitched[0].function]
+def _problems_without_grid_sync(souffle, which: int) -> list[str]:
+    """The static check's findings on the first stitched kernel with its ``which``-th grid sync removed."""
+    func = souffle.mod[souffle.stitched[0].function]
     seq = stitch.stage_loops(func)
-    last_sync = max(i for i, x in enumerate(seq) if stitch.is_grid_sync(x))
-    problems = stitch.check(stitch.replace_stages(func, seq[:last_sync] + seq[last_sync + 1:]), 8, 528).problems
+    syncs = [i for i, x in enumerate(seq) if stitch.is_grid_sync(x)]
+    return stitch.check(stitch.replace_stages(func, seq[:syncs[which]] + seq[syncs[which] + 1:]), 8, 528).problems
+
+
+def test_a_reader_of_atomic_sums_without_a_grid_sync_is_caught(atomic_layernorm):
+    problems = _problems_without_grid_sync(atomic_layernorm[1], -1)
     assert problems and "no grid sync" in problems[0]
 
 
@@ -230,9 +234,5 @@ def test_atomic_kernel_compiles_with_nvcc():
 
 
 def test_atomics_racing_their_zero_fill_are_caught(atomic_layernorm):
-    _, s = atomic_layernorm
-    func = s.mod[s.stitched[0].function]
-    seq = stitch.stage_loops(func)
-    first_sync = next(i for i, x in enumerate(seq) if stitch.is_grid_sync(x))
-    problems = stitch.check(stitch.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:]), 8, 528).problems
+    problems = _problems_without_grid_sync(atomic_layernorm[1], 0)
     assert any("atomic_sum" in p and "no grid sync" in p for p in problems), problems

@@ -30,6 +30,7 @@ from ..te_program import TEProgram
 
 PARTIAL_TAG = "souffle_partial"     # te.compute tag of first-phase stages (schedule.PartialRows)
 ATOMIC_ATTR = "souffle_atomic"      # ... of those accumulated with atomics (schedule.AtomicRows)
+TILE_ATTR = "souffle_partial_tile"  # the GEMM tile width a first-phase stage reduces
 
 
 @dataclass
@@ -178,7 +179,7 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
     names = analysis.stage_names(stages)
     result = TwoPhaseResult(prog)
     new_of: dict = {}
-    partials: list = []          # (kind, e-canonical, tensor) for reuse across reductions
+    partials: dict = {}          # (kind, canonical row element) -> tensor, shared across reductions
 
     def load_fn(tensor, idx):
         return new_of[tensor.op][tensor.value_index](*idx) if tensor.op in new_of else None
@@ -187,25 +188,22 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
         """A[...] = sum over the row of e (or e^2): a plain reduction in TE, accumulated with
         atomics per GEMM tile on CUDA."""
         kind = "atomic-sq" if square else "atomic-sum"
-        for pk, pe, pt in partials:
-            if pk == kind and pe == key_expr:
-                return pt
+        if (kind, key_expr) in partials:
+            return partials[kind, key_expr]
 
         def f(*sp):
             kr = te.reduce_axis((0, K), name="k")
             v = e_of(list(sp), kr.var)
             return te.sum(v * v if square else v, axis=kr)
 
-        t = te.compute(spatial, f, name=name, tag=PARTIAL_TAG,
-                       attrs={"souffle_partial_tile": tile, ATOMIC_ATTR: 1})
-        partials.append((kind, key_expr, t))
-        return t
+        partials[kind, key_expr] = te.compute(spatial, f, name=name, tag=PARTIAL_TAG,
+                                              attrs={TILE_ATTR: tile, ATOMIC_ATTR: 1})
+        return partials[kind, key_expr]
 
     def partial(kind: str, e_of, shape, dtype, name: str, key_expr, extra=None):
         """P[..., j] = reduce_{kk < tile} of the row element at k = j*tile + kk."""
-        for pk, pe, pt in partials:
-            if pk == kind and pe == key_expr:
-                return pt
+        if (kind, key_expr) in partials:
+            return partials[kind, key_expr]
 
         def f(*idx):
             kk = te.reduce_axis((0, tile), name="kk")
@@ -215,9 +213,8 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
                 value = extra(list(idx), value)
             return (te.max if kind == "max" else te.sum)(value, axis=kk)
 
-        t = te.compute(shape, f, name=name, tag=PARTIAL_TAG, attrs={"souffle_partial_tile": tile})
-        partials.append((kind, key_expr, t))
-        return t
+        partials[kind, key_expr] = te.compute(shape, f, name=name, tag=PARTIAL_TAG, attrs={TILE_ATTR: tile})
+        return partials[kind, key_expr]
 
     for t in stages:
         op = t.op
@@ -297,6 +294,6 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
         return new_of[x.op][x.value_index] if x.op in new_of else x
 
     op_of = {n.op: prog.op_of.get(old, "?") for old, news in new_of.items() for n in news}
-    op_of.update({pt.op: "two-phase partial" for _, _, pt in partials})
+    op_of.update({pt.op: "two-phase partial" for pt in partials.values()})
     result.program = prog.derive(remap, op_of={**prog.op_of, **op_of})
     return result
