@@ -19,8 +19,10 @@ test: $(PY)
 test-all: $(PY)
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
+# The paper's evaluation side by side (docs/benchmarks.md): results/bench-<date>/
 bench: $(PY)
-	$(PY) python/bench_launches.py
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) python/bench.py
 
 # The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with python/gpu_check.py run
 gpu-bundle: $(PY)

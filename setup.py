@@ -21,7 +21,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0"],
-        "bench": ["onnxruntime==1.32.0"],
+        "bench": ["onnxruntime==1.32.0", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},
 )

@@ -79,14 +79,15 @@ def prepare(args) -> int:
     manifest["probes"] = _build_probes(out, store)
     gpu = hardware.for_arch(ARCH)
     carried = 0
-    steps = [(m, s, f) for m in args.models for s in args.sizes for f in args.fusions]
-    for n, (name, size, fusion) in enumerate(steps, 1):
+    steps = _steps(args)
+    for n, (name, dtype, size, variant) in enumerate(steps, 1):
         small = size == "small"
-        dtype = zoo.MODELS[name].paper_dtype
-        case_id = f"{name}-{size}-{fusion}"
+        fusion, _, level = variant.partition("-")
+        tag = name if dtype == zoo.MODELS[name].paper_dtype else f"{name}-{'fp32' if dtype == 'float32' else 'fp16'}"
+        case_id = f"{tag}-{size}-{variant}"
         print(f"[{n}/{len(steps)}] {case_id} ({dtype}) ...", flush=True)
         t = time.perf_counter()
-        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level="v3")
+        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level=level or "v3")
         lib = out / "libs" / f"{case_id}.so"
         c.executable.export_library(str(lib))
         if c.cuda_source:
@@ -112,7 +113,8 @@ def prepare(args) -> int:
             to_carry = {}
         elif not small:
             carried += need
-        case = {"id": case_id, "model": name, "size": size, "fusion": fusion, "dtype": dtype,
+        case = {"id": case_id, "model": name, "size": size, "fusion": fusion, "level": level or None,
+                "variant": variant, "dtype": dtype,
                 "lib": str(lib.relative_to(out)), "params": params,
                 "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in c.model.inputs],
                 "outputs": list(c.model.outputs),
@@ -122,7 +124,7 @@ def prepare(args) -> int:
             np.savez(path, **to_carry)
             case["params_npz"] = str(path.relative_to(out))
         if small:
-            io = out / "data" / f"{name}-small.io.npz"
+            io = out / "data" / f"{tag}-small.io.npz"
             if not io.exists():
                 feeds = numerics.random_inputs(c.model.inputs, seed=0)
                 ref_name, ref = numerics.reference_outputs(onnx_model, feeds)
@@ -137,6 +139,28 @@ def prepare(args) -> int:
     print(f"bundle {out}: {size / 2**20:.1f} MiB ({tgz.stat().st_size / 2**20:.1f} MiB as {tgz.name}), "
           f"{len(manifest['cases'])} cases, {carried / 2**20:.1f} MiB of full-size weights carried", flush=True)
     return 0
+
+
+VARIANTS = ("tvm", "souffle", "souffle-v2", "souffle-v1", "souffle-v0")
+
+
+def _steps(args) -> list[tuple[str, str, str, str]]:
+    """(model, dtype, size, variant) to build: every model at its paper dtype, plus float32 for
+    the models named in --fp32; the ablation levels (souffle-v0..v2) only at --ablation-sizes."""
+    steps = []
+    for name in args.models:
+        dtypes = [zoo.MODELS[name].paper_dtype]
+        if name in args.fp32 and "float32" not in dtypes:
+            dtypes.append("float32")
+        for dtype in dtypes:
+            for size in args.sizes:
+                for variant in args.fusions:
+                    if variant.startswith("souffle-") and size not in args.ablation_sizes:
+                        continue
+                    if dtype != zoo.MODELS[name].paper_dtype and variant.startswith("souffle-"):
+                        continue
+                    steps.append((name, dtype, size, variant))
+    return steps
 
 
 def pack(bundle: Path) -> Path:
@@ -311,7 +335,7 @@ def run(args) -> int:
             r = {"id": case["id"], "error": f"{type(err).__name__}: {str(err)[:1500]}"}
         r["seconds"] = round(time.monotonic() - t, 1)
         result["cases"].append(r)
-        print("case", json.dumps({k: v for k, v in r.items() if k != "kernel_names"}), flush=True)
+        print("case", json.dumps({k: v for k, v in r.items() if k not in ("kernel_names", "kernel_ms")}), flush=True)
         save()
         torch.cuda.empty_cache()
     save()
@@ -424,7 +448,7 @@ class _Zoo:
         self.references: dict = {}
 
     def _load(self, case: dict) -> None:
-        key = (case["model"], case["size"])
+        key = (case["model"], case["size"], case["dtype"])
         if key != self.key:
             from onnx import numpy_helper
 
@@ -437,7 +461,7 @@ class _Zoo:
         return self.weights[name]
 
     def reference(self, case: dict, feeds: dict) -> tuple[list, str]:
-        key = (case["model"], case["size"])
+        key = (case["model"], case["size"], case["dtype"])
         if key not in self.references:
             self._load(case)
             t = time.monotonic()
@@ -451,6 +475,7 @@ def _run_case(bundle: Path, case: dict, zoo_cache: _Zoo, deadline: Deadline, arg
     import tvm_ffi
 
     r = {"id": case["id"], "model": case["model"], "size": case["size"], "fusion": case["fusion"],
+         "variant": case.get("variant", case["fusion"]), "dtype": case["dtype"],
          "launches_compiled": case["report"]["launches"], "grid_syncs": case["report"]["grid_syncs"]}
     vm = standalone.VM(bundle / case["lib"], "cuda")
     params, real = _params(bundle, case, zoo_cache, torch)
@@ -551,12 +576,19 @@ def _trace(once, torch) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             once()
             torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"
-                 and not e.name.lower().startswith(("memcpy", "memset"))]
-        from collections import Counter
+        events = [e for e in prof.events() if e.device_type.name == "CUDA"
+                  and not e.name.lower().startswith(("memcpy", "memset"))]
+        names = [e.name for e in events]
+        from collections import Counter, defaultdict
 
+        busy = defaultdict(float)       # microseconds on the GPU per kernel name (one inference)
+        for e in events:
+            busy[e.name] += float(e.time_range.elapsed_us())
+        top = sorted(busy.items(), key=lambda kv: -kv[1])[:25]
         return {"kernels_traced": len(names), "distinct_traced": len(set(names)),
-                "kernel_names": dict(Counter(names).most_common(40))}
+                "kernel_busy_ms": round(sum(busy.values()) / 1e3, 4),
+                "kernel_names": dict(Counter(names).most_common(40)),
+                "kernel_ms": {k: round(v / 1e3, 4) for k, v in top}}
     except Exception as err:
         return {"trace_error": str(err)[:300]}
 
@@ -569,14 +601,14 @@ def _print_table(result: dict) -> None:
     occ = [o for o in result["occupancy"] if "cuda" in o]
     if occ:
         print(f"occupancy: {sum(o['match'] for o in occ)}/{len(occ)} kernels match cudaOccupancy...")
-    print(f"{'case':<26}{'launch':>7}{'trace':>7}{'rel_l2':>10}{'ms':>10}{'graph ms':>10}")
+    print(f"{'case':<30}{'launch':>7}{'trace':>7}{'rel_l2':>10}{'ms':>10}{'graph ms':>10}{'busy ms':>10}")
     for c in result["cases"]:
         if "error" in c or "skipped" in c:
-            print(f"{c['id']:<26} {c.get('error', c.get('skipped'))[:100]}")
+            print(f"{c['id']:<30} {c.get('error', c.get('skipped'))[:100]}")
             continue
         rel = f"{c['rel_l2']:.1e}" if "rel_l2" in c else ("finite" if c.get("finite") else "NaN!")
-        print(f"{c['id']:<26}{c['launches_compiled']:>7}{c.get('kernels_traced', '-'):>7}{rel:>10}"
-              f"{c.get('median_ms', '-'):>10}{c.get('graph_median_ms', '-'):>10}")
+        print(f"{c['id']:<30}{c['launches_compiled']:>7}{c.get('kernels_traced', '-'):>7}{rel:>10}"
+              f"{c.get('median_ms', '-'):>10}{c.get('graph_median_ms', '-'):>10}{c.get('kernel_busy_ms', '-'):>10}")
 
 
 def main() -> int:
@@ -586,7 +618,11 @@ def main() -> int:
     p.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
     p.add_argument("--models", nargs="*", default=zoo.names())
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
-    p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=["tvm", "souffle"])
+    p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=VARIANTS,
+                   help="souffle = level v3 (stitched); souffle-v0..v2 = the ablation levels")
+    p.add_argument("--ablation-sizes", nargs="*", default=["full"], choices=["small", "full"],
+                   help="sizes at which souffle-v0..v2 are built")
+    p.add_argument("--fp32", nargs="*", default=[], help="models also built in float32 (bert, swin: paper fp16)")
     p.add_argument("--add", action="store_true", help="keep the bundle's other cases")
     p.add_argument("--no-wheel", action="store_true", help="do not download the cp312 apache-tvm-ffi wheel")
     p.add_argument("--carry-mib", type=float, default=40.0,

@@ -1,8 +1,11 @@
-"""Markdown tables from GPU-check results (results/gpu/*.json), one table per run.
+"""Markdown tables (and a plot) from GPU-check results (results/gpu/*.json), one table per run.
 
     .venv/bin/python python/gpu_summary.py results/gpu/gpu_check-run3.json [...] > results/gpu/summary.md
+    .venv/bin/python python/gpu_summary.py --plot results/gpu/latency.png results/gpu/gpu_check-run4.json
 
 Ratios are taken only between cases of the same run (side by side, one process, one GPU).
+Variants: ``tvm``; ``souffle`` (V3, stitched); ``souffle-v2`` / ``souffle-v0`` (ablation
+levels: one kernel per anchor group, with / without the transforms).
 """
 
 from __future__ import annotations
@@ -10,39 +13,87 @@ from __future__ import annotations
 import json
 import sys
 
-MODELS = ("bert", "resnext", "lstm", "efficientnet", "swin", "mmoe")
+MODELS = ("bert", "bert-fp32", "resnext", "lstm", "efficientnet", "swin", "swin-fp32", "mmoe")
+VARIANTS = ("tvm", "souffle-v0", "souffle-v2", "souffle")
+LABEL = {"tvm": "tvm", "souffle-v0": "V0", "souffle-v2": "V2", "souffle": "V3"}
+
+
+def _cases(result: dict) -> dict:
+    return {c["id"]: c for c in result["cases"] if "error" not in c and "skipped" not in c}
+
+
+def _rel(c: dict) -> str:
+    return f"{c['rel_l2']:.1e}" if "rel_l2" in c else ("finite" if c.get("finite") else "NaN")
 
 
 def table(result: dict) -> str:
-    cases = {c["id"]: c for c in result["cases"] if "error" not in c and "skipped" not in c}
+    cases = _cases(result)
+    present = [v for v in VARIANTS if any(c.get("variant", c["fusion"]) == v for c in cases.values())]
+    head = " | ".join(f"{LABEL[v]} launches / rel L2 / ms / graph ms" for v in present)
     lines = [f"### {result['gpu']} ({result['sms']} SMs), {result['date']}, bundle built {result['bundle']}", "",
-             "| model | size | launches tvm / souffle (traced) | grid syncs | rel L2 tvm / souffle | tvm ms | tvm graph ms "
-             "| souffle ms | souffle graph ms | souffle / tvm, graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| model | size | {head} | V3 / tvm, graphs |", "|---|---|" + "---|" * (len(present) + 1)]
     for m in MODELS:
         for size in ("small", "full"):
-            t, s = cases.get(f"{m}-{size}-tvm"), cases.get(f"{m}-{size}-souffle")
-            if not (t and s):
+            row = {v: cases.get(f"{m}-{size}-{v}") for v in present}
+            if not row.get("tvm") or not row.get("souffle"):
                 continue
-
-            def rel(c):
-                return f"{c['rel_l2']:.1e}" if "rel_l2" in c else ("finite" if c.get("finite") else "NaN")
-
-            lines.append(
-                f"| {m} | {size} | {t.get('kernels_traced')} / {s.get('kernels_traced')} | {s['grid_syncs']} "
-                f"| {rel(t)} / {rel(s)} | {t['median_ms']:.3f} | {t['graph_median_ms']:.3f} | {s['median_ms']:.3f} "
-                f"| {s['graph_median_ms']:.3f} | {s['graph_median_ms'] / t['graph_median_ms']:.2f} |")
+            cells = []
+            for v in present:
+                c = row[v]
+                cells.append("-" if c is None else
+                             f"{c.get('kernels_traced')} / {_rel(c)} / {c['median_ms']:.3f} / {c['graph_median_ms']:.3f}")
+            ratio = row["souffle"]["graph_median_ms"] / row["tvm"]["graph_median_ms"]
+            lines.append(f"| {m} | {size} | " + " | ".join(cells) + f" | {ratio:.2f} |")
     probes = ", ".join(f"{p['kind']}: {p.get('outcome')}" + (f" ({p['wrong_elements']} wrong)" if "wrong_elements"
                                                                in p else "") for p in result.get("probes", []))
     occ = [o for o in result.get("occupancy", []) if "cuda" in o]
+    errors = [f"{c['id']}: {c['error'][:120]}" for c in result["cases"] if "error" in c]
     lines += ["", f"Probes: {probes}. Occupancy: {sum(o['match'] for o in occ)}/{len(occ)} kernels match "
-              "cudaOccupancyMaxActiveBlocksPerMultiprocessor.", ""]
-    return "\n".join(lines)
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor."]
+    if errors:
+        lines += ["", "Errors: " + "; ".join(errors)]
+    return "\n".join(lines + [""])
 
 
-def main(paths: list[str]) -> int:
+def plot(result: dict, path: str) -> None:
+    """Median latency with CUDA graphs per full-size model and variant, relative to TVM's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = _cases(result)
+    models = [m for m in MODELS if f"{m}-full-tvm" in cases and f"{m}-full-souffle" in cases]
+    present = [v for v in VARIANTS if any(f"{m}-full-{v}" in cases for m in models)]
+    colours = {"tvm": "#7f7f7f", "souffle-v0": "#c6dbef", "souffle-v2": "#2171b5", "souffle": "#d94801"}
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(present)
+    for i, v in enumerate(present):
+        xs, ys, labels = [], [], []
+        for j, m in enumerate(models):
+            c = cases.get(f"{m}-full-{v}")
+            if c and "graph_median_ms" in c:
+                xs.append(j + (i - (len(present) - 1) / 2) * width)
+                ys.append(c["graph_median_ms"] / cases[f"{m}-full-tvm"]["graph_median_ms"])
+                labels.append(f"{c['graph_median_ms']:.2f}")
+        bars = ax.bar(xs, ys, width, color=colours[v], label=LABEL[v])
+        ax.bar_label(bars, labels, fontsize=7, rotation=90, padding=2)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel("latency / TVM's (CUDA graphs; labels: ms)")
+    ax.set_title(f"Measured on {result['gpu']}, {result['date'][:10]}: full-size models, median of CUDA-event timings")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--plot"]:
+        plot(json.load(open(argv[2])), argv[1])
+        return 0
     print("# GPU check results\n\nGenerated by `python/gpu_summary.py`; see docs/gpu-check.md.\n")
-    for p in paths:
+    for p in argv:
         print(table(json.load(open(p))))
     return 0
 

@@ -1,0 +1,202 @@
+"""`make bench`: the paper's evaluation side by side, on this machine (2 cores, no GPU).
+
+Three parts, one run, one JSON file (``results/bench-<date>/bench.json``), a Markdown table
+and PNG plots beside it (``python/bench_plots.py``):
+
+1. **Compile matrix** (cuda sm_90, full size unless ``--small``): every zoo model with
+   ``--fusion tvm`` and the Souffle ablation levels V0 (no transforms, one kernel per group),
+   V1 (+ horizontal), V2 (+ vertical), V3 (+ two-phase reductions, stitched cooperative
+   kernels). Per configuration: launches per inference, distinct kernels, grid syncs, global
+   bytes and flops (from the TIR's access regions), a roofline ESTIMATE of H200 latency
+   (``souffle_tvm.roofline``), compile time (and nvcc's on its own), and per kernel
+   (bytes, flops, launches) for the roofline plot. V4 (cross-stage optimisations: next-GEMM
+   weight prefetch) is not built; the table says so.
+2. **CPU side by side** (small variants, llvm): median latency of ``tvm``, ``souffle`` V2 and
+   the V3 CPU twin (the same transforms without stitching) over repeated runs in one process,
+   and onnxruntime's on the same ONNX model (the ``bench`` extra). Only ratios between these
+   columns are claims; they are CPU figures, not the GPU's.
+3. Outputs: JSON (date, TVM version, target, machine), Markdown, plots.
+
+    .venv/bin/python python/bench.py [--models bert lstm] [--small] [--no-nvcc] [--no-cpu] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from souffle_tvm import hardware, roofline, zoo
+from souffle_tvm.api import compile as compile_model
+from souffle_tvm.frontend import import_onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+# (key, fusion, level): the paper's ablation V0..V3 beside TVM's own fusion
+CONFIGS = (("tvm", "tvm", None), ("v0", "souffle", "v0"), ("v1", "souffle", "v1"),
+           ("v2", "souffle", "v2"), ("v3", "souffle", "v3"))
+CPU_CONFIGS = (("tvm", "tvm", None), ("v2", "souffle", "v2"), ("v3", "souffle", "v3"))
+
+
+def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool) -> list[dict]:
+    """One row per model: every configuration's launches, bytes, flops, estimate, times."""
+    gpu = hardware.for_arch(arch)
+    rows, total, step = [], len(models) * len(CONFIGS), 0
+    for name in models:
+        dtype = zoo.MODELS[name].paper_dtype
+        compulsory = roofline.compulsory_bytes(import_onnx(name, small=small, dtype=dtype))
+        row = {"model": name, "dtype": dtype, "compulsory_bytes": compulsory}
+        for key, fusion, level in CONFIGS:
+            step += 1
+            print(f"[{step}/{total}] {name} ({dtype}) {key} ...", end=" ", flush=True)
+            t = time.perf_counter()
+            c = compile_model(name, "cuda", fusion, arch=arch, small=small, dtype=dtype, nvcc=nvcc,
+                              level=level or "v2")
+            r = c.report
+            est = roofline.estimate(r, gpu, dtype, compulsory)
+            row["roofline_floor_ms_estimate"] = round(est.floor * 1e3, 4)
+            row[key] = {"launches": r.launches, "distinct_kernels": r.distinct_kernels,
+                        "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in r.kernels),
+                        "bytes": r.bytes, "flops": r.flops,
+                        "roofline_ms_estimate": round(est.seconds * 1e3, 4),
+                        "compile_seconds": r.compile_seconds, "nvcc_seconds": r.nvcc.get("seconds"),
+                        "total_seconds": round(time.perf_counter() - t, 2),
+                        "kernels": [[k.bytes, k.flops, k.launches] for k in r.kernels]}
+            print(f"launches {r.launches}, {time.perf_counter() - t:.1f} s", flush=True)
+        rows.append(row)
+    return rows
+
+
+def _median_ms(fn, reps: int, min_seconds: float = 0.5) -> float:
+    fn()                                        # warm-up (first-call allocations, page faults)
+    times = []
+    t_end = time.perf_counter() + min_seconds
+    while len(times) < reps or time.perf_counter() < t_end:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if len(times) >= 10 * reps:
+            break
+    return round(float(np.median(times)) * 1e3, 4)
+
+
+def cpu_side_by_side(models: list[str], reps: int) -> list[dict]:
+    """Small variants on llvm: median latency per configuration and onnxruntime's, one process."""
+    import onnxruntime as ort
+    from tvm import relax
+
+    from souffle_tvm import numerics
+
+    rows = []
+    for name in models:
+        dtype = "float32"           # the CPU twin runs fp32 (onnxruntime's CPU fp16 kernels are not the peer)
+        row = {"model": name, "dtype": dtype}
+        model = zoo.build(name, small=True, dtype=dtype)
+        outputs = {}
+        for key, fusion, level in CPU_CONFIGS:
+            print(f"cpu {name} {key} ...", end=" ", flush=True)
+            c = compile_model(model, "llvm", fusion, level=level or "v2")
+            feeds = numerics.random_inputs(c.model.inputs, seed=0)
+            vm = relax.VirtualMachine(c.executable, tvm.cpu())
+            args = [tvm.runtime.tensor(feeds[i.name]) for i in c.model.inputs]
+            args += [tvm.runtime.tensor(p) for p in c.model.params]
+            f = vm["main"]
+            outputs[key] = f(*args)
+            row[key] = {"median_ms": _median_ms(lambda: f(*args), reps), "launches": c.report.launches}
+            print(f"{row[key]['median_ms']:.3f} ms", flush=True)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = os.cpu_count() or 1
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        row["onnxruntime"] = {"median_ms": _median_ms(lambda: sess.run(None, feeds), reps),
+                              "version": ort.__version__, "threads": opts.intra_op_num_threads}
+        print(f"cpu {name} onnxruntime {row['onnxruntime']['median_ms']:.3f} ms", flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    gpu = result["gpu_estimates_for"]
+    lines = [f"# Benchmarks, {result['date']}", "",
+             f"TVM {result['tvm']}, target {result['target']}, {result['machine']}. "
+             f"Compiled at {'small' if result['small'] else 'full'} size. `est. ms` are roofline ESTIMATES for "
+             f"{gpu} (souffle_tvm/roofline.py), not measurements; see docs/benchmarks.md.", "",
+             "## Launches, bytes and estimated latency: TVM vs Souffle V3", "",
+             "| model | dtype | launches tvm | v3 | tvm / v3 | grid syncs v3 | MB tvm | MB v3 | GFLOP | "
+             "est. ms tvm | est. ms v3 | tvm / v3 est. | est. floor ms | compile s tvm | v3 (+nvcc) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["compile"]:
+        t, v3 = r["tvm"], r["v3"]
+        lines.append(
+            f"| {r['model']} | {r['dtype']} | {t['launches']} | {v3['launches']} | "
+            f"{t['launches'] / max(v3['launches'], 1):.1f}x | {v3['grid_syncs']} | {t['bytes'] / 1e6:.1f} | "
+            f"{v3['bytes'] / 1e6:.1f} | {v3['flops'] / 1e9:.2f} | {t['roofline_ms_estimate']:.3f} | "
+            f"{v3['roofline_ms_estimate']:.3f} | {t['roofline_ms_estimate'] / v3['roofline_ms_estimate']:.2f}x | "
+            f"{r['roofline_floor_ms_estimate']:.3f} | {t['compile_seconds']:.1f} (+{t['nvcc_seconds'] or 0:.1f}) | "
+            f"{v3['compile_seconds']:.1f} (+{v3['nvcc_seconds'] or 0:.1f}) |")
+    lines += ["", "## Ablation: launches / MB / est. ms per level", "",
+              "V0 no transforms; V1 + horizontal; V2 + vertical; V3 + two-phase reductions and stitching. "
+              "V4 (cross-stage optimisations such as next-GEMM weight prefetch) is not built.", "",
+              "| model | tvm | V0 | V1 | V2 | V3 |", "|---|---|---|---|---|---|"]
+    for r in result["compile"]:
+        cells = [f"{r[k]['launches']} / {r[k]['bytes'] / 1e6:.1f} / {r[k]['roofline_ms_estimate']:.3f}"
+                 for k, _, _ in CONFIGS]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    if result.get("cpu"):
+        lines += ["", "## CPU side by side (small variants, llvm, fp32; median ms, one process)", "",
+                  "| model | tvm | souffle v2 | souffle v3 twin | onnxruntime | tvm / v2 | tvm / v3 | ort / v3 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in result["cpu"]:
+            t, v2, v3, o = (r[k]["median_ms"] for k in ("tvm", "v2", "v3", "onnxruntime"))
+            lines.append(f"| {r['model']} | {t:.3f} | {v2:.3f} | {v3:.3f} | {o:.3f} | {t / v2:.2f} | {t / v3:.2f} "
+                         f"| {o / v3:.2f} |")
+        lines += ["", "Ratios above 1 mean the right-hand configuration is faster."]
+    if result.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in result["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", default=zoo.names())
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--small", action="store_true", help="compile matrix at small size (a quick smoke run)")
+    ap.add_argument("--no-nvcc", action="store_true", help="skip ptxas (faster; no register figures)")
+    ap.add_argument("--no-cpu", action="store_true", help="skip the CPU side-by-side timings")
+    ap.add_argument("--reps", type=int, default=30, help="CPU timing: runs per configuration (at least 0.5 s)")
+    ap.add_argument("--out", default=None, help="output folder (default results/bench-<date>)")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    stamp = datetime.date.today().isoformat()
+    out = Path(args.out or ROOT / "results" / f"bench-{stamp}{'-small' if args.small else ''}")
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"date": stamp, "tvm": tvm.__version__, "target": f"cuda -arch={args.arch}", "small": args.small,
+              "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only; CPU timings on llvm)",
+              "gpu_estimates_for": hardware.for_arch(args.arch).name}
+    result["compile"] = compile_matrix(args.models, args.arch, args.small, not args.no_nvcc)
+    if not args.no_cpu:
+        result["cpu"] = cpu_side_by_side(args.models, args.reps)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    try:
+        import bench_plots
+
+        result["plots"] = [str(p) for p in bench_plots.plot_all(result, out)]
+    except ImportError as err:          # matplotlib is in the bench extra
+        print(f"no plots: {err} (pip install -e '.[bench]')", flush=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "README.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {out}/ in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())

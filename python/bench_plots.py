@@ -1,0 +1,121 @@
+"""PNG plots of a `make bench` result (python/bench.py's bench.json); matplotlib (bench extra).
+
+    .venv/bin/python python/bench_plots.py results/bench-<date>/bench.json   # re-draw
+
+* ``launches.png``: kernel launches per inference, TVM vs Souffle V3, log scale.
+* ``roofline.png``: per model, every kernel as a point on the H200 roofline (arithmetic
+  intensity vs the attainable FLOP/s the roofline allows it), TVM's and V3's; the area of a
+  point is its share of the model's estimated time. Estimates, not measurements.
+* ``ablation.png``: launches and estimated latency per ablation level (TVM, V0..V3).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")               # files only; no display here or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+LEVELS = ("tvm", "v0", "v1", "v2", "v3")
+COLOURS = {"tvm": "#7f7f7f", "v0": "#c6dbef", "v1": "#6baed6", "v2": "#2171b5", "v3": "#d94801"}
+
+
+def _gpu(result: dict):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from souffle_tvm import hardware, roofline
+
+    return hardware.for_arch(result["target"].split("-arch=")[-1]), roofline
+
+
+def launches(result: dict, out: Path) -> Path:
+    rows = result["compile"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = range(len(rows))
+    for i, key in enumerate(("tvm", "v3")):
+        vals = [r[key]["launches"] for r in rows]
+        bars = ax.bar([j + (i - 0.5) * 0.38 for j in x], vals, 0.38, color=COLOURS[key],
+                      label="--fusion tvm" if key == "tvm" else "--fusion souffle (V3)")
+        ax.bar_label(bars, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x), [f"{r['model']}\n{r['dtype']}" for r in rows])
+    ax.set_ylabel("kernel launches per inference (log)")
+    ax.set_title(f"Launches per inference, {result['target']} ({result['date']})")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "launches.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def roofline_chart(result: dict, out: Path) -> Path:
+    gpu, rl = _gpu(result)
+    rows = result["compile"]
+    cols = 3
+    fig, axes = plt.subplots((len(rows) + cols - 1) // cols, cols, figsize=(13, 4 * ((len(rows) + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        peak = rl.peak_flops(gpu, r["dtype"])
+        ridge = peak / gpu.dram_bandwidth
+        xs = [1e-2, ridge, 1e4]
+        ax.plot(xs, [min(peak, x * gpu.dram_bandwidth) / 1e12 for x in xs], color="black", lw=1)
+        for key in ("tvm", "v3"):
+            ks = [(b, f, n) for b, f, n in r[key]["kernels"] if b > 0 and f > 0]
+            total = sum(n * max(b / gpu.dram_bandwidth, f / peak) for b, f, n in ks) or 1.0
+            ai = [f / b for b, f, _ in ks]
+            perf = [min(peak, a * gpu.dram_bandwidth) / 1e12 for a in ai]
+            size = [4 + 600 * n * max(b / gpu.dram_bandwidth, f / peak) / total for b, f, n in ks]
+            ax.scatter(ai, perf, s=size, alpha=0.55, color=COLOURS[key], edgecolors="none",
+                       label=f"{key} ({r[key]['launches']} launches)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{r['model']} ({r['dtype']})", fontsize=10)
+        ax.set_xlabel("flops / global byte")
+        ax.set_ylabel("attainable TFLOP/s (estimate)")
+        ax.legend(fontsize=8, loc="lower right")
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.suptitle(f"Kernels on the {gpu.name} roofline: TVM vs Souffle V3 (estimates; point area = share of "
+                 "estimated time)", fontsize=11)
+    fig.tight_layout()
+    path = out / "roofline.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ablation(result: dict, out: Path) -> Path:
+    rows = result["compile"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    width = 0.16
+    for i, key in enumerate(LEVELS):
+        xs = [j + (i - 2) * width for j in range(len(rows))]
+        top.bar(xs, [r[key]["launches"] for r in rows], width, color=COLOURS[key], label=key.upper())
+        base = [r["tvm"]["roofline_ms_estimate"] for r in rows]
+        bottom.bar(xs, [r[key]["roofline_ms_estimate"] / b for r, b in zip(rows, base)], width, color=COLOURS[key])
+    top.set_yscale("log")
+    top.set_ylabel("launches (log)")
+    top.legend(ncol=5, fontsize=8)
+    bottom.axhline(1.0, color="black", lw=0.8)
+    bottom.set_ylabel("estimated latency / TVM's")
+    bottom.set_xticks(range(len(rows)), [r["model"] for r in rows])
+    fig.suptitle("Ablation V0-V3 (V4 not built): launches and roofline-estimated H200 latency")
+    fig.tight_layout()
+    path = out / "ablation.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_all(result: dict, out: Path) -> list[Path]:
+    return [launches(result, out), roofline_chart(result, out), ablation(result, out)]
+
+
+if __name__ == "__main__":
+    p = Path(sys.argv[1])
+    for f in plot_all(json.loads(p.read_text()), p.parent):
+        print(f)
