@@ -310,4 +310,5 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
                     kr.bytes = sum(result.footprints[sk.function].values())
+    progress.clear()     # the caller prints next: no half line of progress in front of it
     return Compiled(imported, tgt, result.executable, report, src)

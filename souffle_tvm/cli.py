@@ -249,12 +249,13 @@ def cmd_run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze}
-    if not args.quiet:
+    if not args.quiet and progress.wanted():
         progress.enable()
     try:
         return (handlers.get(args.command) or args.handler)(args)
     except (SouffleError, OSError, ValueError, KeyError) as err:
         # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
+        progress.clear()
         print(f"souffle-tvm: error: {err}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - anything else is our bug; keep the traceback for the report
         import traceback
 
+        progress.clear()
         traceback.print_exc()
         print("souffle-tvm: internal error (a bug: please report it with the traceback above)", file=sys.stderr)
         return EXIT_INTERNAL

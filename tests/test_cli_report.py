@@ -13,8 +13,12 @@ from souffle_tvm import cli
 EXE = shutil.which("souffle-tvm", path=os.path.dirname(sys.executable)) or "souffle-tvm"
 
 
-def run(*args, cwd=None):
-    return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+def run(*args, cwd=None, progress=None):
+    env = dict(os.environ)
+    env.pop("SOUFFLE_TVM_PROGRESS", None)
+    if progress is not None:
+        env["SOUFFLE_TVM_PROGRESS"] = progress
+    return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
 
 
 def _subparsers(parser, prefix=()):
@@ -49,20 +53,24 @@ def test_every_flag_of_every_subcommand_is_explained():
 def saved_report(tmp_path_factory):
     """`compile --report` of a small model at v3 for CUDA (one stitched kernel), with progress."""
     d = tmp_path_factory.mktemp("rep")
-    proc = run("compile", "bert", "--small", "--fusion", "souffle", "--level", "v3", "--report", "r.json", cwd=d)
+    proc = run("compile", "bert", "--small", "--fusion", "souffle", "--level", "v3", "--report", "r.json", cwd=d,
+               progress="1")
     assert proc.returncode == 0, proc.stderr
     return d, proc
 
 
 def test_compile_shows_progress_on_stderr_and_quiet_silences_it(saved_report, tmp_path):
+    """Progress shows on a terminal or with SOUFFLE_TVM_PROGRESS=1; captured output (a pipe) and
+    -q stay clean, so scripts parsing stderr see only errors."""
     _, proc = saved_report
     steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("souffle-tvm:")]
     for word in ("importing bert", "souffle pipeline v3", "building with TVM"):
         assert any(word in s for s in steps), steps
     if shutil.which("nvcc"):
         assert any("nvcc -> ptxas resource figures for 1 kernel" in s for s in steps), steps
-    quiet = run("-q", "compile", "mmoe", "--small", "--target", "llvm", cwd=tmp_path)
-    assert quiet.returncode == 0 and quiet.stderr == ""
+    for args, progress in ((("-q",), "1"), ((), None)):
+        quiet = run(*args, "compile", "mmoe", "--small", "--target", "llvm", cwd=tmp_path, progress=progress)
+        assert quiet.returncode == 0 and quiet.stderr == "", (args, quiet.stderr)
 
 
 def test_report_table_and_html(saved_report):
@@ -90,3 +98,24 @@ def test_report_bad_input_exits_2_with_one_line(tmp_path):
         assert "Traceback" not in proc.stderr
     proc = run("report", cwd=tmp_path)                 # argparse usage errors are bad input too
     assert proc.returncode == 2 and "REPORT.json" in proc.stderr
+
+
+def test_progress_on_a_terminal_overwrites_and_erases_its_line():
+    import io
+
+    from souffle_tvm import progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    with progress.enabled(tty):
+        progress.step("ptxas feedback", 2, 6)
+        progress.step("building")
+        progress.clear()                      # what api.compile does before returning
+    out = tty.getvalue()
+    assert "\n" not in out and out.count("\r\033[K") == 3
+    assert "ptxas feedback [######..............] 2/6" in out and out.endswith("\r\033[K")
+    progress.step("not shown")                 # disabled again after the block
+    assert tty.getvalue() == out
