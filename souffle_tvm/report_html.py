@@ -298,10 +298,14 @@ def _boundary_section(r: Report, sub_of: dict[int, int]) -> str:
             _bars(r.groups, "Group boundaries (a group starts a new kernel at v0–v2)")]
     if r.subprograms:
         html.append(_bars(r.subprograms, "Subprogram ends (where a stitched kernel stops)"))
-        rows = "".join(f"<tr><td class=n>{s}</td><td class=n>{len(sp['groups'])}</td>"
+        stitched = {k.primfunc: k.name for k in r.kernels}
+        # the stitcher names subprogram s's kernel souffle_stitched_<s>; a one-group subprogram
+        # is that group's own (unstitched) kernel
+        names = [stitched.get(f"souffle_stitched_{s}", "its group's own kernel") for s in range(len(r.subprograms))]
+        rows = "".join(f"<tr><td class=n>{s}</td><td><code>{escape(names[s])}</code></td><td class=n>{len(sp['groups'])}</td>"
                        f"<td><code>{escape(', '.join(sp['groups'][:8]))}{' …' if len(sp['groups']) > 8 else ''}"
                        f"</code></td><td>{escape(sp['reason'])}</td></tr>" for s, sp in enumerate(r.subprograms))
-        html.append("<p><b>Subprograms</b></p><table><thead><tr><th>kernel</th><th>groups</th><th>first groups</th>"
+        html.append("<p><b>Subprograms</b></p><table><thead><tr><th>kernel</th><th>CUDA function</th><th>groups</th><th>first groups</th>"
                     f"<th>why it ends here</th></tr></thead><tbody>{rows}</tbody></table>")
     rows = "".join(f"<tr><td class=n>{i}</td><td><code>{escape(g['name'])}</code></td>"
                    f"<td class=n>{'-' if sub_of.get(i) is None else sub_of[i]}</td>"
