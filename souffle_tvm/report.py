@@ -31,7 +31,7 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 SCHEMA_VERSION = 1
 
@@ -89,7 +89,12 @@ class Report:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} is not JSON ({err})") from None
         try:
-            data["kernels"] = [KernelReport(**k) for k in data.get("kernels", [])]
+            # Fields a newer version added are dropped (forward compatible); missing required
+            # fields mean this is not a report at all.
+            kernel_keys = {f.name for f in fields(KernelReport)}
+            data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+            data["kernels"] = [KernelReport(**{k: v for k, v in kr.items() if k in kernel_keys})
+                               for kr in data.get("kernels", [])]
             return cls(**data)
         except (TypeError, AttributeError) as err:
             # a JSON file, but not one `compile --report` wrote (or from a newer schema)

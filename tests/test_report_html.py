@@ -119,6 +119,8 @@ def test_tvm_report_and_old_reports_render(tmp_path, v2):
     # a report saved before group_edges / subprogram indices existed still loads and renders
     data = v2.report.to_json()
     del data["group_edges"]
+    data["added_by_a_newer_version"] = {"x": 1}              # and one from a newer version loads too
+    data["kernels"][0]["future_field"] = 3
     path = tmp_path / "old.json"
     path.write_text(__import__("json").dumps(data))
     page = report_html.render(Report.load(str(path)))
