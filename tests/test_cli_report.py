@@ -119,3 +119,25 @@ def test_progress_on_a_terminal_overwrites_and_erases_its_line():
     assert "ptxas feedback [######..............] 2/6" in out and out.endswith("\r\033[K")
     progress.step("not shown")                 # disabled again after the block
     assert tty.getvalue() == out
+
+
+def test_exit_codes_for_a_bug_and_an_interrupt(tmp_path, capsys, monkeypatch):
+    """3 with the traceback for anything that is our bug; 130 for Ctrl-C; in-process through
+    ``cli.main`` with the report handler made to fail (the entry point calls exactly this)."""
+    path = tmp_path / "r.json"
+    path.write_text("{}")
+
+    def boom(_args):
+        raise RuntimeError("planted bug")
+
+    monkeypatch.setattr(cli, "cmd_report", boom)
+    # main() builds its parser on each call, so the planted handler is the one dispatched
+    assert cli.main(["report", str(path)]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "planted bug" in err and "internal error" in err
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_report", interrupted)
+    assert cli.main(["report", str(path)]) == 130
