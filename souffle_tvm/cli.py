@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_global_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress lines on stderr for the long steps (import, build, nvcc, feedback)")
+                        help="no progress line on stderr for the long steps (import, build, nvcc, feedback); "
+                             "it shows on a terminal, or anywhere with SOUFFLE_TVM_PROGRESS=1")
 
 
 def _add_report_parser(sub) -> None:
