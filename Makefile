@@ -12,6 +12,10 @@ $(PY):
 
 install: $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
+	@# Best effort: headless Chromium checks the HTML report in tests/test_report_html.py (skipped without it).
+	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium >/dev/null; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		 chromium fonts-dejavu-core) >/dev/null 2>&1 || echo "note: chromium not installed; the HTML screenshot test will skip"; fi
 
 test: $(PY)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

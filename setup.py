@@ -20,7 +20,9 @@ setup(
         "ml_dtypes==0.6.0",
     ],
     extras_require={
-        "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0"],
+        "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0",
+                 # tutorials/ are executed by the test suite (tests/test_tutorials.py); plots inline
+                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"],
         "bench": ["onnxruntime==1.32.0", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},

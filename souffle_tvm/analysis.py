@@ -121,7 +121,8 @@ def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tupl
     for v, r in dom.items():
         ana.bind(v, r)
     idx = [ana.simplify(i) for i in indices]
-    text = str(tirx.IndexMap([iv.var for iv in ivs], idx, None)).replace("T.index_map(lambda ", "").rstrip(")")
+    text = str(tirx.IndexMap([iv.var for iv in ivs], idx, None)).replace("T.index_map(lambda ", "")
+    text = text[:-1] if text.endswith(")") else text   # only index_map's own paren: the tuple keeps its ")"
     if any(te_rewrite.loads(i) for i in idx):
         return "gather", 1.0, text
     used = tir_stats.vars_in(*idx) & set(dom)

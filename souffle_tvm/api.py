@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from . import build_tvm, hardware, pipeline, resources, tir_stats
+from . import build_tvm, hardware, pipeline, progress, resources, tir_stats
 from .errors import SouffleError
 from .stitch import StitchError
 from .te_program import LoweringError
@@ -79,6 +80,8 @@ def _cuda_report(name: str, target, result: build_tvm.BuildResult, src: str | No
         nvcc_note = "nvcc not found on PATH: no register, shared-memory or spill figures"
     elif src:
         t = time.perf_counter()
+        n = len(re.findall(r"__global__[^;{]*\{", src))
+        progress.step(f"nvcc -> ptxas resource figures for {n} kernel{'s' if n != 1 else ''} ({arch})")
         res = resources.measure(src, arch)
         t_nvcc = time.perf_counter() - t
     by_func: dict[str, list[build_tvm.DeviceKernel]] = {}
@@ -151,6 +154,7 @@ def _build(imported: ImportedModel, souffle, tgt, nvcc: bool):
     """Build the imported model (or its Souffle module) and report on it, each cooperative
     kernel with its co-resident limit (``compile`` refuses grids above it at the end)."""
     t0 = time.perf_counter()
+    progress.step(f"building with TVM for {describe(tgt)}")
     if souffle is not None:
         result = build_tvm.build(souffle.mod, tgt, stats_from=souffle.unscheduled)
         _stitched_stats(result, souffle)
@@ -164,6 +168,21 @@ def _build(imported: ImportedModel, souffle, tgt, nvcc: bool):
     else:
         src, report = None, _cpu_report(imported.name, result)
     return result, report, src
+
+
+def group_edges(prog, groups: list) -> list[list[int]]:
+    """The group DAG as ``[producer index, consumer index]`` pairs (indices into ``groups``):
+    a consumer group reads a tensor some member (or opaque output) of the producer writes."""
+    owner = {}
+    for i, g in enumerate(groups):
+        for t in (g.opaque.outputs if g.opaque is not None else g.members):
+            owner[t.op] = i
+    edges = set()
+    for j, g in enumerate(groups):
+        reads = ([x.op for x in g.opaque.inputs.values()] if g.opaque is not None
+                 else [x.op for m in g.members for x in m.op.input_tensors])
+        edges.update((owner[op], j) for op in reads if op in owner and owner[op] != j)
+    return [list(e) for e in sorted(edges)]
 
 
 MAX_FEEDBACK_ROUNDS = 6   # each round halves the kernels that did not fit
@@ -223,10 +242,14 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
+    if not isinstance(model, ImportedModel):
+        progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
     imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
     t0 = time.perf_counter()
     souffle, fallback = None, None
     if fusion == "souffle":
+        progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
+                      + (", stitch" if level == "v3" else ""))
         try:
             souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile,
                                    partitioner=partitioner, reduction=reduction,
@@ -235,11 +258,13 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             fallback = str(err)   # documented: the whole model then builds through TVM's path
     result, report, src = _build(imported, souffle, tgt, nvcc)
     nvcc_seconds = report.nvcc.get("seconds", 0.0)
-    for _ in range(MAX_FEEDBACK_ROUNDS if souffle is not None and souffle.partitioner == "budget" else 0):
+    for round_ in range(MAX_FEEDBACK_ROUNDS if souffle is not None and souffle.partitioner == "budget" else 0):
         # Schedule feedback: ptxas overrules the partitioner's estimate; split what did not fit.
         over = _over_budget(report, souffle, str(tgt.attrs["arch"])) if report.nvcc.get("available") else {}
         if not over:
             break
+        progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
+                      MAX_FEEDBACK_ROUNDS)
         souffle = pipeline.split(souffle, tgt, over)
         result, report, src = _build(imported, souffle, tgt, nvcc)
         nvcc_seconds += report.nvcc.get("seconds", 0.0)
@@ -248,6 +273,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         # and shared memory allow (the first build used the static estimate's).
         grids = _coresident_grids(report, souffle)
         if grids:
+            progress.step(f"restitching {len(grids)} cooperative kernel(s) with the grid ptxas allows")
             again = pipeline.restitch(souffle, tgt, grids)
             result2, report2, src2 = _build(imported, again, tgt, nvcc)
             nvcc_seconds += report2.nvcc.get("seconds", 0.0)
@@ -275,11 +301,14 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             report.level = level
             report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name],
                               "reason": g.reason} for g in souffle.partition.groups]
-            report.subprograms = [{"groups": [souffle.partition.groups[i].name for i in idx], "reason": why}
+            report.group_edges = group_edges(souffle.program, souffle.partition.groups)
+            report.subprograms = [{"groups": [souffle.partition.groups[i].name for i in idx],
+                                   "indices": list(idx), "reason": why}
                                   for idx, why in souffle.subprograms]
             for kr in report.kernels:
                 sk = next((k for k in souffle.stitched if k.function == kr.primfunc), None)
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
                     kr.bytes = sum(result.footprints[sk.function].values())
+    progress.clear()     # the caller prints next: no half line of progress in front of it
     return Compiled(imported, tgt, result.executable, report, src)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from . import zoo
+from . import progress, zoo
 from .errors import SouffleError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="souffle-tvm", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="exit codes: 0 ok, 1 numerical mismatch, 2 bad input, 3 internal error")
+    _add_global_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_report_parser(sub)
 
     p = sub.add_parser("compile", help="build a model and write its report")
     _model_args(p)
@@ -85,11 +87,45 @@ def build_parser() -> argparse.ArgumentParser:
     zsub = p.add_subparsers(dest="zoo_command", required=True)
     zsub.add_parser("list", help="list the zoo models")
     e = zsub.add_parser("export", help="write a zoo model as an ONNX file")
-    e.add_argument("name", choices=zoo.names())
-    e.add_argument("--small", action="store_true")
-    e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    e.add_argument("name", choices=zoo.names(), help="which zoo model (see `souffle-tvm zoo list`)")
+    e.add_argument("--small", action="store_true", help="the small variant (same structure, fewer layers/channels)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                   help="precision of weights and activations (bert and swin also in float16)")
     e.add_argument("-o", "--output", default=None, help="file name (default NAME[-small].onnx)")
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress line on stderr for the long steps (import, build, nvcc, feedback); "
+                             "it shows on a terminal, or anywhere with SOUFFLE_TVM_PROGRESS=1")
+
+
+def _add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="show a saved report (compile --report) as a table and/or an HTML page",
+                       description="Print the report written by `souffle-tvm compile --report FILE` as a table; "
+                                   "with --html also write a self-contained page (inline CSS and SVG, no network) "
+                                   "with the kernel-group graph, subprogram boundaries and why each was drawn.")
+    p.add_argument("report", metavar="REPORT.json", help="a report written by `souffle-tvm compile --report`")
+    p.add_argument("--html", default=None, metavar="OUT.html", help="also write the report as one HTML file")
+    p.add_argument("--rows", type=int, default=40, metavar="N",
+                   help="kernels to list in the terminal table (default 40; the HTML lists all)")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args) -> int:
+    """``souffle-tvm report``: a saved Report as a table, optionally as HTML."""
+    from . import report_html
+    from .report import Report
+
+    if args.rows < 0:
+        raise SouffleError("--rows must be 0 or more")
+    report = Report.load(args.report)
+    print(report.table(args.rows))
+    if args.html:
+        report_html.save(report, args.html)
+        print(f"\nhtml: {args.html}")
+    return EXIT_OK
 
 
 def cmd_zoo(args) -> int:
@@ -214,10 +250,13 @@ def cmd_run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze}
+    if not args.quiet and progress.wanted():
+        progress.enable()
     try:
-        return handlers[args.command](args)
+        return (handlers.get(args.command) or args.handler)(args)
     except (SouffleError, OSError, ValueError, KeyError) as err:
         # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
+        progress.clear()
         print(f"souffle-tvm: error: {err}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
@@ -225,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - anything else is our bug; keep the traceback for the report
         import traceback
 
+        progress.clear()
         traceback.print_exc()
         print("souffle-tvm: internal error (a bug: please report it with the traceback above)", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        progress.disable()
 
 
 if __name__ == "__main__":

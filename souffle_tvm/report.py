@@ -14,8 +14,11 @@ nvcc               {available, seconds, note}: whether resource figures come fro
 level              souffle only: the pipeline level (v0 none, v1 + horizontal, v2 + vertical)
 groups[]           souffle only: per kernel group its name, members, and ``reason`` (why a
                    boundary was drawn before it); ``fallback`` says why TVM's path was used
-subprograms[]      v3 only: the groups stitched into one cooperative kernel, and ``reason``
-                   (why the subprogram ends where it does)
+group_edges[]      souffle only: the group DAG, ``[producer, consumer]`` indices into
+                   ``groups`` (a consumer reads something the producer writes)
+subprograms[]      v3 only: the groups stitched into one cooperative kernel (``groups``: their
+                   names; ``indices``: their positions in ``groups``), and ``reason`` (why the
+                   subprogram ends where it does)
 kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
                    (static from ptxas + dynamic from TIR), spill_bytes, launches (per
                    inference), bytes (compulsory global traffic of one launch: the sizes of the
@@ -28,7 +31,7 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 SCHEMA_VERSION = 1
 
@@ -67,6 +70,7 @@ class Report:
     level: str | None = None
     groups: list[dict] = field(default_factory=list)
     subprograms: list[dict] = field(default_factory=list)
+    group_edges: list[list[int]] = field(default_factory=list)
     fallback: str | None = None
     schema_version: int = SCHEMA_VERSION
 
@@ -80,9 +84,21 @@ class Report:
     @classmethod
     def load(cls, path: str) -> "Report":
         with open(path) as f:
-            data = json.load(f)
-        data["kernels"] = [KernelReport(**k) for k in data.get("kernels", [])]
-        return cls(**data)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} is not JSON ({err})") from None
+        try:
+            # Fields a newer version added are dropped (forward compatible); missing required
+            # fields mean this is not a report at all.
+            kernel_keys = {f.name for f in fields(KernelReport)}
+            data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+            data["kernels"] = [KernelReport(**{k: v for k, v in kr.items() if k in kernel_keys})
+                               for kr in data.get("kernels", [])]
+            return cls(**data)
+        except (TypeError, AttributeError) as err:
+            # a JSON file, but not one `compile --report` wrote (or from a newer schema)
+            raise ValueError(f"{path} is not a souffle-tvm report: {err}") from None
 
     def table(self, max_rows: int = 40) -> str:
         """A readable summary: totals, then the kernels by launches × bytes."""

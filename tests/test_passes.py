@@ -70,3 +70,35 @@ def test_transform_without_lowering_is_a_clear_error():
     with pytest.raises(Exception, match="LowerToTE"):
         passes.VerticalFusion()(m.mod)
 
+
+
+def test_user_sequential_with_timing_instrument_opt_level_and_tvm_compile():
+    """What a user writes: TVM's Relax passes around the Souffle pipeline in one Sequential,
+    under a PassContext with an opt_level, a disabled pass and TVM's PassTimingInstrument; then
+    ``tvm.compile`` in the same context, and the numbers match onnxruntime."""
+    m = import_onnx("mmoe", small=True)
+    target = make_target("llvm")
+    seq = tvm.transform.Sequential([
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        passes.SoufflePipeline(target, m.params),
+        relax.transform.DeadCodeElimination(),
+    ])
+    for opt_level in (0, 3):    # Souffle's passes are opt_level 0: they run at every level, -O0 included
+        timing = tvm.ir.instrument.PassTimingInstrument()
+        with tvm.transform.PassContext(opt_level=opt_level, instruments=[timing],
+                                       disabled_pass=["souffle.VerticalFusion"]):
+            mod = seq(m.mod)
+            profile = timing.render()
+            ex = tvm.compile(mod, target)
+        for name in ("souffle.LowerToTE", "souffle.FoldWeights", "souffle.HorizontalFusion",
+                     "souffle.PartitionAndEmit", "FoldConstant"):
+            assert f"{name}:" in profile, (opt_level, name)
+        # the context's opt_level is honoured: TVM's DeadCodeElimination (opt_level 1) is skipped at -O0
+        assert ("DeadCodeElimination:" in profile) == (opt_level >= 1)
+        assert "souffle.VerticalFusion:" not in profile and "vertical" not in passes.info_of(mod)
+        assert passes.info_of(mod)["horizontal"].merged
+        feeds = runner.random_inputs(m.inputs, 2)
+        outs = runner.run_vm(ex, [p.numpy() for p in passes.params_of(mod)], runner.check_feeds(m.inputs, feeds))
+        _, ref = runner.reference_outputs(m.onnx_model, feeds)
+        assert all(c.rel_l2 < 1e-5 for c in runner.compare(m.outputs, outs, ref))
