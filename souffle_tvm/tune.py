@@ -221,11 +221,12 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
     cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(100, max(per_iter, trials // 2)),
                                         num_tuning_cores=max(os.cpu_count() or 1, 1))
     builder = _in_process_builder()
-    quiet = logging.getLogger("tvm.s_tir.meta_schedule")
-    if quiet.level == logging.NOTSET:     # MetaSchedule's console lines go to its log files only
-        quiet.setLevel(logging.WARNING)
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    quiet = ms_logger.level == logging.NOTSET     # unless the caller set a level: logs to files only
     results = []
     for i, task in enumerate(tasks, 1):
+        if quiet:    # MetaSchedule sizes its console handler from this level each time it configures logging
+            ms_logger.setLevel(logging.WARNING)
         t0 = time.perf_counter()
         log(f"[{i}/{len(tasks)}] {task.name} (called {task.calls}x): tuning {trials} trials ...")
         ctx = ms.TuneContext(mod=task.func, target=target, space_generator="post-order-apply",
