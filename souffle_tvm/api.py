@@ -212,7 +212,9 @@ def _schedule_sources(report: Report, souffle) -> None:
               if isinstance(f, tirx.PrimFunc)}
     for kr in report.kernels:
         if kr.stages:
-            found = [schedule_source(stages[s]) for s in kr.stages if s in stages]
+            # a group lowered to several launches gives stages "<function>.<i>"
+            found = [schedule_source(f) for f in (stages.get(s, stages.get(s.rsplit(".", 1)[0])) for s in kr.stages)
+                     if f is not None]
             n = sum(1 for src, _ in found if src == "database")
             kr.schedule = ("database" if found and n == len(found) else "default" if n == 0
                            else f"mixed: {n} of {len(found)} stages from the database")

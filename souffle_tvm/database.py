@@ -30,6 +30,8 @@ def open_database(work_dir: str, create: bool = False):
     if not create and not os.path.exists(os.path.join(work_dir, RECORDS)):
         raise SouffleError(f"no tuning database in {work_dir!r} (expected {RECORDS}): "
                            "run `souffle-tvm tune MODEL --database DIR` first")
+    if create:
+        os.makedirs(work_dir, exist_ok=True)
     return ms.database.JSONDatabase(work_dir=work_dir, allow_missing=create)
 
 
@@ -80,8 +82,9 @@ def lookup(database, func: tirx.PrimFunc, target: tvm.target.Target) -> tuple[ti
     for rec in records:
         if not same_target(rec.target, target):
             continue
-        if is_cuda(target):
-            importlib.import_module("tvm.s_tir.tensor_intrin")    # traces may name tensor-core intrinsics
+        if any(inst.kind.name == "Tensorize" for inst in rec.trace.insts):
+            # the intrinsics a tensor-core trace names are registered by this import (20-50 s)
+            importlib.import_module("tvm.s_tir.tensor_intrin")
         sch = s_tir.Schedule(rec.workload.mod)
         rec.trace.apply_to_schedule(sch, remove_postproc=False)
         # The group PrimFuncs carry no global symbol (the Relax module names them).

@@ -51,6 +51,7 @@ class TaskResult:
     trials: int                # measured candidates in the database for this task
     best_seconds: float | None  # the best measured mean run time (None: nothing ran)
     seconds: float             # wall time spent tuning it
+    error: str | None = None   # MetaSchedule failed on it: the stage keeps the default rules
 
 
 @dataclass
@@ -235,13 +236,23 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
                                  genetic_num_iters=2),
                              task_name=task.name, rand_state=seed + i, num_threads=max(os.cpu_count() or 1, 1),
                              logger=ms.logging.get_loggers_from_work_dir(work_dir, [task.name])[0]).clone()
-        ms.tune.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
-                           num_trials_per_iter=per_iter, builder=builder, runner=runner, database=database,
-                           cost_model=cost_model, task_scheduler="round-robin")
+        error = None
+        try:
+            ms.tune.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
+                               num_trials_per_iter=per_iter, builder=builder, runner=runner, database=database,
+                               cost_model=cost_model, task_scheduler="round-robin")
+        except Exception as err:  # noqa: BLE001 - one stage MetaSchedule cannot handle must not stop the rest
+            # (seen: a ScheduleError in reverse-compute-at on a LayerNorm group; see docs/tuning.md)
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            error = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+            if len(lines) > 1:
+                error += f" ... {lines[-1][:200]}"
         measured, best = db.measured(database, task.func)
-        res = TaskResult(task.name, task.calls, measured, best, time.perf_counter() - t0)
+        res = TaskResult(task.name, task.calls, measured, best, time.perf_counter() - t0, error)
         results.append(res)
         shown = f"best {best * 1e6:.2f} us" if best is not None else "no candidate ran"
+        if error:
+            shown += f"; MetaSchedule failed, the stage keeps the default rules ({error})"
         log(f"[{i}/{len(tasks)}] {task.name}: {measured} trials measured, {shown} ({res.seconds:.1f} s)")
     return results
 
