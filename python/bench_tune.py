@@ -36,7 +36,7 @@ def _random_args(func: tirx.PrimFunc, dev) -> list:
             for p in func.params]
 
 
-def time_func(func: tirx.PrimFunc, target, repeat: int, min_ms: float = 50.0) -> float:
+def time_func(func: tirx.PrimFunc, target, repeat: int, min_ms: int = 50) -> float:
     """Median seconds of one call of ``func`` (each of ``repeat`` samples runs >= ``min_ms``)."""
     func = func.with_attr("global_symbol", "main")
     ex = tvm.compile(tvm.IRModule({"main": func}), target)
@@ -73,7 +73,7 @@ def main() -> int:
     todo = []
     if os.path.exists(os.path.join(args.database, database.RECORDS)):
         db = database.open_database(args.database)
-        todo = [t for t in tasks if database.lookup(db, t.func, target)[0] is None]
+        todo = [t for t in tasks if not database.known(db, t.func)]     # tuned (or tried) before: kept
     else:
         todo = tasks
     t0 = time.perf_counter()

@@ -52,6 +52,11 @@ def _workload_mod(func: tirx.PrimFunc) -> tvm.IRModule:
     return _normalize_mod(func)
 
 
+def known(database, func: tirx.PrimFunc) -> bool:
+    """Whether this stage was ever given to the tuner (even if no candidate of it ran)."""
+    return bool(database.has_workload(_workload_mod(func)))
+
+
 def measured(database, func: tirx.PrimFunc) -> tuple[int, float | None]:
     """(valid measured records, best mean run seconds) for this stage."""
     mod = _workload_mod(func)

@@ -122,3 +122,58 @@ def test_tune_help_explains_every_flag():
                  "--max-stages"):
         assert flag in proc.stdout
     assert "--database" in _cli("compile", "--help")[0].stdout
+
+
+# -- CUDA records, made by hand: there is no GPU here to tune one, so these test how the compile
+# -- path treats a CUDA schedule from the database (v2 uses it; v3 only at its block size).
+@pytest.fixture(scope="module")
+def bert_cuda():
+    from souffle_tvm.frontend import import_onnx
+
+    model = import_onnx("bert", None, small=True)
+    target = make_target("cuda")
+    return model, target, tune.extract_tasks(model.mod, target, model.params, "v3")[0]
+
+
+def _hand_record(work: str, func, target, threads: int) -> None:
+    """A tuning record whose trace fuses each block's spatial loops and binds them to
+    ``threads`` threads per block (what a MetaSchedule trace looks like, minus the search)."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    db = database.open_database(work, create=True)
+    mod = database._workload_mod(func)
+    sch = s_tir.Schedule(mod)
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        spatial = [lp for lp, iv in zip(sch.get_loops(b), sch.get(b).iter_vars) if int(iv.iter_type) == 0]
+        bx, tx = sch.split(sch.fuse(*spatial), [None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [1e-5], target,
+                                                     ms.arg_info.ArgInfo.from_prim_func(func)))
+
+
+def test_cuda_record_v2_uses_it_v3_keeps_default_at_another_block_size(tmp_path, bert_cuda):
+    model, target, task = bert_cuda
+    work = str(tmp_path / "db512")
+    _hand_record(work, task.func, target, 512)
+    v2 = compile_model(model, target, "souffle", level="v2", nvcc=False, database=work)
+    mine = [k for k in v2.report.kernels if k.primfunc == task.name]
+    assert mine and all(k.schedule == "database" and k.block == [512, 1, 1] for k in mine)
+    assert all(k.schedule.startswith("default: ") for k in v2.report.kernels if k.primfunc != task.name)
+    v3 = compile_model(model, target, "souffle", level="v3", nvcc=False, database=work)
+    (kernel,) = [k for k in v3.report.kernels if k.stages and task.name in {s.split(".")[0] for s in k.stages}]
+    assert kernel.block == [256, 1, 1] and kernel.schedule == "default"
+    assert "tuned schedule not used: its schedule uses 512 threads per block, the stitched kernel 256" in kernel.schedule_note
+
+
+@pytest.mark.slow
+def test_cuda_record_at_the_stitched_block_size_is_stitched(tmp_path, bert_cuda):
+    model, target, task = bert_cuda
+    work = str(tmp_path / "db256")
+    _hand_record(work, task.func, target, 256)
+    v3 = compile_model(model, target, "souffle", level="v3", nvcc=False, database=work)
+    (kernel,) = [k for k in v3.report.kernels if k.stages and task.name in {s.split(".")[0] for s in k.stages}]
+    assert kernel.schedule.startswith("mixed: ") and kernel.schedule_note is None
+    # the hand schedule launches twice (matmul, then the bias add): both became stitched stages
+    assert {f"{task.name}.0", f"{task.name}.1"} <= set(kernel.stages)
