@@ -167,7 +167,6 @@ def test_cuda_record_v2_uses_it_v3_keeps_default_at_another_block_size(tmp_path,
     assert "tuned schedule not used: its schedule uses 512 threads per block, the stitched kernel 256" in kernel.schedule_note
 
 
-@pytest.mark.slow
 def test_cuda_record_at_the_stitched_block_size_is_stitched(tmp_path, bert_cuda):
     model, target, task = bert_cuda
     work = str(tmp_path / "db256")
