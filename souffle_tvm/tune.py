@@ -111,7 +111,7 @@ TRACKER_TIMEOUT_S = 10.0
 
 
 def check_tracker(host: str, port: int, key: str, timeout: float = TRACKER_TIMEOUT_S) -> int:
-    """Ask the tracker how many servers hold ``key``; raise a TuningError within ``timeout``
+    """Ask the tracker how many servers with ``key`` are free; raise a TuningError within ``timeout``
     seconds when it cannot be reached, does not answer, or has none (TVM's own client retries
     a refused connection for a minute, and a port that accepts but never answers would hang)."""
     try:
@@ -124,9 +124,7 @@ def check_tracker(host: str, port: int, key: str, timeout: float = TRACKER_TIMEO
         try:
             from tvm import rpc
 
-            summary = rpc.connect_tracker(host, port).summary()
-            out["free"] = sum(1 for s in summary.get("server_info", []) if s.get("key", "").startswith(f"server:{key}"))
-            out["queue"] = summary.get("queue_info", {}).get(key)
+            out["queue"] = rpc.connect_tracker(host, port).summary().get("queue_info", {})
         except Exception as err:  # noqa: BLE001 - reported below as the tracker's failure
             out["error"] = err
 
@@ -138,11 +136,10 @@ def check_tracker(host: str, port: int, key: str, timeout: float = TRACKER_TIMEO
                           f"within {timeout:.0f} s")
     if "error" in out:
         raise TuningError(f"the RPC tracker at {host}:{port} failed: {out['error']}")
-    servers = out["free"] + (int(out["queue"].get("free", 0)) + int(out["queue"].get("pending", 0))
-                             if isinstance(out.get("queue"), dict) else 0)
-    if servers == 0 and not out.get("queue"):
-        raise TuningError(f"the RPC tracker at {host}:{port} has no server registered with key {key!r}")
-    return servers
+    if key not in out["queue"]:     # {key: {"free": n, "pending": m}} for every key ever registered
+        known = ", ".join(sorted(out["queue"])) or "none"
+        raise TuningError(f"the RPC tracker at {host}:{port} has no server registered with key {key!r} (keys: {known})")
+    return int(out["queue"][key].get("free", 0))
 
 
 def cuda_available() -> bool:

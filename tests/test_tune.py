@@ -176,3 +176,42 @@ def test_cuda_record_at_the_stitched_block_size_is_stitched(tmp_path, bert_cuda)
     assert kernel.schedule.startswith("mixed: ") and kernel.schedule_note is None
     # the hand schedule launches twice (matmul, then the bias add): both became stitched stages
     assert {f"{task.name}.0", f"{task.name}.1"} <= set(kernel.stages)
+
+
+def _fake_tracker(queue_info: dict) -> tuple[socket.socket, int]:
+    """A one-connection stand-in for TVM's RPC tracker (its server needs tornado, which the
+    project does not install): the magic handshake, then one SUMMARY answer, in TVM's framing."""
+    import json
+    import struct
+    import threading
+
+    from tvm.rpc import base
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                if len(conn.recv(4)) < 4:       # the reachability probe connects and closes
+                    continue
+                conn.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+                assert base.recvjson(conn) == [base.TrackerCode.SUMMARY]
+                data = json.dumps([base.TrackerCode.SUCCESS, {"queue_info": queue_info, "server_info": []}])
+                conn.sendall(struct.pack("<i", len(data)) + data.encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def test_tracker_key_is_checked():
+    srv, port = _fake_tracker({"h200": {"free": 2, "pending": 0}})
+    with srv:
+        assert tune.check_tracker("127.0.0.1", port, "h200") == 2
+        with pytest.raises(tune.TuningError, match="no server registered with key 'a100'.*keys: h200"):
+            tune.check_tracker("127.0.0.1", port, "a100")
