@@ -73,9 +73,10 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, le
     its unscheduled twin is kept.
     """
     from . import pipeline
+    from .build_tvm import primfunc_calls
 
     result = pipeline.run(mod, target, params, level=level)
-    calls = _calls(result.unscheduled)
+    calls = primfunc_calls(result.unscheduled)
     tasks: list[Task] = []
     seen: dict[int, list[Task]] = {}
     for gv, func in result.unscheduled.functions.items():
@@ -90,13 +91,6 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, le
         bucket.append(task)
         tasks.append(task)
     return tasks
-
-
-def _calls(mod: tvm.IRModule) -> dict[str, int]:
-    """Calls of each PrimFunc from ``main`` (a group reused by structurally equal groups counts each)."""
-    from .build_tvm import primfunc_calls
-
-    return primfunc_calls(mod)
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -194,17 +188,24 @@ def _in_process_builder():
 
 
 # -- tuning -------------------------------------------------------------------------------------
-def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
-    """MetaSchedule's CPU rules size their parallel loops by the target's ``num-cores``, which
-    it requires; a CPU target gets this machine's count (CUDA targets are used as they are)."""
-    if is_cuda(target) or "num-cores" in target.attrs:
-        return target
+def tuning_target(target: tvm.target.Target, level: str = "v2") -> tvm.target.Target:
+    """The target MetaSchedule searches for. CPU: with ``num-cores`` (its CPU rules require it;
+    this machine's count). CUDA at v3: at most the stitched kernel's block size of threads,
+    so fewer tuned stages are refused at compile time for another block size."""
     attrs = {k: v for k, v in target.attrs.items() if k != "keys"}
-    return tvm.target.Target({**attrs, "kind": target.kind.name, "num-cores": os.cpu_count() or 1})
+    if is_cuda(target):
+        if level != "v3":
+            return target
+        from .pipeline import STITCH_BLOCK
+
+        attrs.update({"max_num_threads": STITCH_BLOCK, "max_threads_per_block": STITCH_BLOCK})
+    elif "num-cores" not in attrs:
+        attrs["num-cores"] = os.cpu_count() or 1
+    return tvm.target.Target({**attrs, "kind": target.kind.name})
 
 
 def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, trials: int,
-               runner, log: Callable[[str], None] = print, seed: int = 0) -> list[TaskResult]:
+               runner, log: Callable[[str], None] = print, seed: int = 0, level: str = "v2") -> list[TaskResult]:
     """Tune each task for ``trials`` measured candidates into the JSON database in ``work_dir``.
 
     One MetaSchedule ``tune_tasks`` call per task, so progress is reported per task; the
@@ -213,7 +214,7 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
     from tvm.s_tir import meta_schedule as ms
 
     os.makedirs(work_dir, exist_ok=True)
-    target = tuning_target(target)
+    target = tuning_target(target, level)
     database = db.open_database(work_dir, create=True)
     per_iter = min(trials, 16)
     cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(100, max(per_iter, trials // 2)),
@@ -276,7 +277,7 @@ def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, le
         f"target {describe(target)}, {trials} trials each, database {database_dir}")
     if max_tasks is not None:
         tasks = tasks[:max_tasks]
-    results = tune_tasks(tasks, target, database_dir, trials, runner, log)
+    results = tune_tasks(tasks, target, database_dir, trials, runner, log, level=level)
     summary = TuneSummary(imported.name, describe(target), level, database_dir, results,
                           db.record_count(database_dir), time.perf_counter() - t0)
     log(f"done in {summary.seconds:.1f} s: {summary.records} records in {database_dir}")

@@ -215,3 +215,14 @@ def test_tracker_key_is_checked():
         assert tune.check_tracker("127.0.0.1", port, "h200") == 2
         with pytest.raises(tune.TuningError, match="no server registered with key 'a100'.*keys: h200"):
             tune.check_tracker("127.0.0.1", port, "a100")
+
+
+def test_tuning_targets():
+    from souffle_tvm.pipeline import STITCH_BLOCK
+
+    v3 = tune.tuning_target(make_target("cuda", "sm_80"), "v3")
+    assert int(v3.attrs["max_threads_per_block"]) == STITCH_BLOCK and str(v3.attrs["arch"]) == "sm_80"
+    assert int(tune.tuning_target(make_target("cuda"), "v2").attrs["max_threads_per_block"]) == 1024
+    assert int(tune.tuning_target(make_target("llvm")).attrs["num-cores"]) == (os.cpu_count() or 1)
+    assert database.same_target(v3, make_target("cuda", "sm_80"))
+    assert not database.same_target(v3, make_target("cuda", "sm_90"))
