@@ -64,6 +64,7 @@ def main() -> int:
     ap.add_argument("--database", required=True)
     ap.add_argument("--max-stages", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--no-tune", action="store_true", help="time what the database holds, tune nothing")
     ap.add_argument("--no-model", action="store_true", help="stages only (full-size models run for seconds on llvm)")
     ap.add_argument("--out", default=None, help="JSON results (default results/tune-<model>-llvm-<date>.json)")
     args = ap.parse_args()
@@ -78,7 +79,7 @@ def main() -> int:
         todo = tasks
     t0 = time.perf_counter()
     results = []
-    if todo:
+    if todo and not args.no_tune:
         results = tune.tune_tasks(todo, target, args.database, args.trials, tune.make_runner(target, None, None))
     tune_seconds = time.perf_counter() - t0
     db = database.open_database(args.database)
