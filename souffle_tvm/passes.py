@@ -17,7 +17,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from . import database, emit, partition, schedule, stitch, te_program
+from . import emit, partition, schedule, stitch, te_program
+from .database import NOTE_ATTR, SOURCE_ATTR, lookup
 from .errors import SouffleError
 from .targets import is_cuda
 from .transforms import fold_weights, horizontal, two_phase, vertical
@@ -151,14 +152,14 @@ class _ScheduleCache:
             why = done
             done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
             if self.database is not None:    # say where each schedule came from (the report reads it)
-                out = done.func.with_attr(database.SOURCE_ATTR, f"default: {done.rule}")
-                done = schedule.Scheduled(out.with_attr(database.NOTE_ATTR, why) if why else out, done.rule, done.notes)
+                out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
+                done = schedule.Scheduled(out.with_attr(NOTE_ATTR, why) if why else out, done.rule, done.notes)
         bucket.append((func, done))
         return done
 
     def _tuned(self, func) -> schedule.Scheduled | str | None:
         """The database's schedule of ``func``, or why its record cannot be used (None: no record)."""
-        tuned, why = database.lookup(self.database, func, self.target)
+        tuned, why = lookup(self.database, func, self.target)
         if tuned is None:
             return why
         if self.block_size is not None and is_cuda(self.target):
@@ -167,7 +168,7 @@ class _ScheduleCache:
             bad = stitch.why_not_stitchable(tuned, self.target, self.block_size)
             if bad is not None:
                 return f"tuned schedule not used: {bad}"
-        out = tuned.with_attr("tirx.is_scheduled", True).with_attr(database.SOURCE_ATTR, "database")
+        out = tuned.with_attr("tirx.is_scheduled", True).with_attr(SOURCE_ATTR, "database")
         return schedule.Scheduled(out, "database")
 
     def fits(self, group: partition.Group, outputs: list) -> str | None:
