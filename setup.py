@@ -17,6 +17,8 @@ setup(
         "xgboost-cpu==3.2.0",
         # MetaSchedule's TuneContext imports psutil but the TVM wheel does not require it.
         "psutil==7.2.2",
+        # MetaSchedule's runners send work to their worker processes with cloudpickle.
+        "cloudpickle==3.1.2",
         "ml_dtypes==0.6.0",
     ],
     extras_require={

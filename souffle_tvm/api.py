@@ -12,6 +12,7 @@ import tvm
 from tvm import relax, tirx
 
 from . import build_tvm, hardware, pipeline, progress, resources, tir_stats
+from .database import open_database, schedule_source
 from .errors import SouffleError
 from .stitch import StitchError
 from .te_program import LoweringError
@@ -222,10 +223,31 @@ def _coresident_grids(report: Report, souffle) -> dict[str, int]:
     return out
 
 
+def _schedule_sources(report: Report, souffle) -> None:
+    """Per kernel: did its schedule come from the tuning database or from the default rules
+    (a stitched kernel counts its stages)."""
+    funcs = {gv.name_hint: f for gv, f in souffle.mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    stages = {gv.name_hint: f for gv, f in (souffle.unstitched or souffle.mod).functions.items()
+              if isinstance(f, tirx.PrimFunc)}
+    for kr in report.kernels:
+        if kr.stages:
+            # a group lowered to several launches gives stages "<function>.<i>"
+            found = [schedule_source(f) for f in (stages.get(s, stages.get(s.rsplit(".", 1)[0])) for s in kr.stages)
+                     if f is not None]
+            n = sum(1 for src, _ in found if src == "database")
+            kr.schedule = ("database" if found and n == len(found) else "default" if n == 0
+                           else f"mixed: {n} of {len(found)} stages from the database")
+            notes = sorted({note for _, note in found if note})
+            kr.schedule_note = "; ".join(notes) or None
+        elif kr.primfunc in funcs:
+            kr.schedule, kr.schedule_note = schedule_source(funcs[kr.primfunc])
+
+
 def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm", *, arch: str | None = None,
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
             nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None,
-            partitioner: str = "budget", reduction: str = "deterministic") -> Compiled:
+            partitioner: str = "budget", reduction: str = "deterministic",
+            database: str | None = None) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -237,7 +259,9 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     48 KB go to dynamic shared memory. ``partitioner`` (v3): "budget" (resource-aware, the
     default) or "blocks" (a subprogram per attention/FFN block). ``reduction`` (v3, CUDA):
     "deterministic" two-phase reductions (partial buffer + combine) or "atomic" (fp32 sums with
-    atomicAdd).
+    atomicAdd). ``database`` (souffle fusion): a directory written by ``souffle-tvm tune``; its
+    tuned schedules replace the default rules for the groups it matches (v3: only those whose
+    thread count is the stitched kernel's), and the report says per kernel which was used.
     """
     if fusion not in FUSIONS:
         raise SouffleError(f"unknown fusion {fusion!r}: choose 'tvm' or 'souffle'")
@@ -245,6 +269,9 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     if not isinstance(model, ImportedModel):
         progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
     imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
+    if database is not None and fusion != "souffle":
+        raise SouffleError("--database applies tuned Souffle stages: use it with --fusion souffle")
+    tuned = open_database(database) if database is not None else None
     t0 = time.perf_counter()
     souffle, fallback = None, None
     if fusion == "souffle":
@@ -252,7 +279,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                       + (", stitch" if level == "v3" else ""))
         try:
             souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile,
-                                   partitioner=partitioner, reduction=reduction,
+                                   partitioner=partitioner, reduction=reduction, database=tuned,
                                    estimated_grids=nvcc and resources.nvcc_path() is not None)
         except LoweringError as err:
             fallback = str(err)   # documented: the whole model then builds through TVM's path
@@ -310,5 +337,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
                     kr.bytes = sum(result.footprints[sk.function].values())
+            if database is not None:
+                report.database = database
+                _schedule_sources(report, souffle)
     progress.clear()     # the caller prints next: no half line of progress in front of it
     return Compiled(imported, tgt, result.executable, report, src)

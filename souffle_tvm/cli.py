@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="export the library to this .so (weights beside it)")
     p.add_argument("--report", default=None, help="write the report as JSON to this file")
     p.add_argument("--no-nvcc", action="store_true", help="skip ptxas resource measurement")
+    p.add_argument("--database", default=None, metavar="DIR",
+                   help="--fusion souffle: apply the tuned schedules `souffle-tvm tune` wrote to DIR "
+                        "(stages it does not hold keep the default rules; the report says which)")
 
     p = sub.add_parser("run", help="run a model on the CPU (llvm) and optionally check it against onnxruntime")
     _model_args(p)
@@ -82,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--json", default=None, help="write the analysis (and the vertical transform's outcome) as JSON")
     p.add_argument("--rows", type=int, default=40, help="stages to print (all are in the JSON)")
+
+    _tune_parser(sub)
 
     p = sub.add_parser("zoo", help="the paper's six models, built locally with random weights")
     zsub = p.add_subparsers(dest="zoo_command", required=True)
@@ -125,6 +130,46 @@ def cmd_report(args) -> int:
     if args.html:
         report_html.save(report, args.html)
         print(f"\nhtml: {args.html}")
+    return EXIT_OK
+
+
+def _tune_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="tune every Souffle stage with MetaSchedule into a JSON database `compile --database` reuses",
+        description="Tune each distinct Souffle group PrimFunc (v2 kernels, or the stages v3 stitches) with "
+                    "MetaSchedule (evolutionary search, XGBoost cost model). Records go to a JSONDatabase in "
+                    "--database DIR; `souffle-tvm compile --fusion souffle --database DIR` applies them. "
+                    "Measuring needs the target's hardware: llvm measures on this CPU; cuda needs a local GPU "
+                    "or an RPC tracker with GPU servers (exit 2 otherwise).")
+    p.add_argument("model", help="an ONNX file, or a zoo model name (see `souffle-tvm zoo list`)")
+    p.add_argument("--target", default="cuda", help="cuda (default sm_90), 'cuda -arch=sm_80', or llvm")
+    p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_80 or sm_90 (default sm_90)")
+    p.add_argument("--database", required=True, metavar="DIR",
+                   help="work dir of the JSON database (created if missing; new records are appended)")
+    p.add_argument("--trials", type=int, default=64, metavar="N",
+                   help="measured candidates per distinct stage (default 64)")
+    p.add_argument("--max-stages", type=int, default=None, metavar="N",
+                   help="tune only the first N distinct stages (the rest keep the default rules)")
+    p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="measure on remote GPUs registered with this TVM RPC tracker (needs --rpc-key)")
+    p.add_argument("--rpc-key", default=None, metavar="KEY", help="the device key the RPC servers registered with")
+    p.add_argument("--small", action="store_true", help="zoo models: the small variant (same structure)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                   help="zoo models: precision of weights and activations")
+    p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
+                   help="fix the shapes of dynamic model inputs")
+    p.add_argument("--fusion-level", default="v2", choices=["v2", "v3"],
+                   help="whose groups to tune: v2 kernels (default) or the v3 stages (after two-phase "
+                        "reductions; a tuned v3 stage is used only if its thread count is the stitched kernel's)")
+
+
+def cmd_tune(args) -> int:
+    from . import tune
+    from .targets import make_target
+
+    tune.tune(args.model, make_target(args.target, args.arch), args.database, args.trials, level=args.fusion_level,
+              small=args.small, dtype=args.dtype, shapes=_parse_shapes(args.input_shapes),
+              rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key, max_tasks=args.max_stages)
     return EXIT_OK
 
 
@@ -175,7 +220,7 @@ def cmd_compile(args) -> int:
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
-                             reduction=args.reduction)
+                             reduction=args.reduction, database=args.database)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
@@ -249,7 +294,7 @@ def cmd_run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze}
+    handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze, "tune": cmd_tune}
     if not args.quiet and progress.wanted():
         progress.enable()
     try:

@@ -17,8 +17,10 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from . import emit, partition, schedule, te_program
+from . import emit, partition, schedule, stitch, te_program
+from .database import NOTE_ATTR, SOURCE_ATTR, lookup
 from .errors import SouffleError
+from .targets import is_cuda
 from .transforms import fold_weights, horizontal, two_phase, vertical
 
 PROGRAM = "souffle.te_program"
@@ -111,15 +113,16 @@ class PartitionAndEmit:
     """Draw kernel boundaries (with schedule feedback on CUDA) and emit one PrimFunc per group."""
 
     def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None,
-                 gemm_k_tile: int | None = None):
+                 gemm_k_tile: int | None = None, database=None):
         self.target = target
         self.block_size = block_size
         self.gemm_k_tile = gemm_k_tile
+        self.database = database
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or tvm.target.Target.current(allow_none=True) or tvm.target.Target({"kind": "llvm"})
         prog = _program(mod)
-        scheduled = _ScheduleCache(target, self.block_size, self.gemm_k_tile)
+        scheduled = _ScheduleCache(target, self.block_size, self.gemm_k_tile, self.database)
         part = partition.partition_v2(prog, fits=scheduled.fits)
         out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
         info = {**_info(mod), "partition": part, "program": prog,
@@ -129,12 +132,14 @@ class PartitionAndEmit:
 
 
 class _ScheduleCache:
-    """Each structurally distinct group PrimFunc is scheduled once."""
+    """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
+    when it holds a usable record for it (``database.lookup``), else by the default rules."""
 
-    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None):
+    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None):
         self.target = target
         self.block_size = block_size
         self.gemm_k_tile = gemm_k_tile
+        self.database = database
         self.cache: dict = {}
 
     def __call__(self, func) -> schedule.Scheduled:
@@ -142,9 +147,29 @@ class _ScheduleCache:
         for seen, done in bucket:
             if tvm_ffi.structural_equal(seen, func):
                 return done
-        done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
+        done = self._tuned(func) if self.database is not None else None
+        if not isinstance(done, schedule.Scheduled):
+            why = done
+            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
+            if self.database is not None:    # say where each schedule came from (the report reads it)
+                out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
+                done = schedule.Scheduled(out.with_attr(NOTE_ATTR, why) if why else out, done.rule, done.notes)
         bucket.append((func, done))
         return done
+
+    def _tuned(self, func) -> schedule.Scheduled | str | None:
+        """The database's schedule of ``func``, or why its record cannot be used (None: no record)."""
+        tuned, why = lookup(self.database, func, self.target)
+        if tuned is None:
+            return why
+        if self.block_size is not None and is_cuda(self.target):
+            # A stitched kernel has ONE block size: a tuned stage with other thread counts (or
+            # virtual threads) would be refused by the stitcher, so the default rules keep it.
+            bad = stitch.why_not_stitchable(tuned, self.target, self.block_size)
+            if bad is not None:
+                return f"tuned schedule not used: {bad}"
+        out = tuned.with_attr("tirx.is_scheduled", True).with_attr(SOURCE_ATTR, "database")
+        return schedule.Scheduled(out, "database")
 
     def fits(self, group: partition.Group, outputs: list) -> str | None:
         """None when the group schedules as well as its anchor does alone; else why not."""
@@ -173,12 +198,15 @@ LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
                     lower: bool = True, block_size: int | None = None,
-                    gemm_k_tile: int | None = None, atomic_reductions: bool = False) -> tvm.transform.Pass:
+                    gemm_k_tile: int | None = None, atomic_reductions: bool = False,
+                    database=None) -> tvm.transform.Pass:
     """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → TwoPhaseReduction → PartitionAndEmit.
 
     ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
+    ``database``: a MetaSchedule database (``souffle_tvm.database.open_database``) whose tuned
+    schedules replace the default rules for the groups it holds.
     """
     steps = [LowerToTE(params)] if lower else []
     steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(atomic_reductions),
-              PartitionAndEmit(target, block_size, gemm_k_tile)]
+              PartitionAndEmit(target, block_size, gemm_k_tile, database)]
     return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

@@ -50,7 +50,7 @@ PARTITIONERS = ("budget", "blocks")
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2",
         gemm_k_tile: int | None = None, partitioner: str = "budget",
-        estimated_grids: bool = False, reduction: str = "deterministic") -> SouffleModule:
+        estimated_grids: bool = False, reduction: str = "deterministic", database=None) -> SouffleModule:
     """Apply the Souffle pipeline to an imported module (inputs then weights as ``main`` params).
 
     ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16); tiles over
@@ -61,7 +61,8 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     only for a caller that checks them against ptxas before anything runs; otherwise one block
     per SM, which is co-resident whenever a block fits at all. ``reduction`` (v3): two-phase
     reductions with a partial buffer and a combine ("deterministic", the default) or, for fp32
-    sums on CUDA, with atomicAdd ("atomic")."""
+    sums on CUDA, with atomicAdd ("atomic"). ``database``: tuned schedules (``souffle-tvm tune``)
+    used for the groups they match, before the default rules."""
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; available: {', '.join(LEVELS)}")
     if reduction not in ("deterministic", "atomic"):
@@ -78,7 +79,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
         out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None,
                                      gemm_k_tile=gemm_k_tile if stitching else None,
-                                     atomic_reductions=reduction == "atomic")(mod)
+                                     atomic_reductions=reduction == "atomic", database=database)(mod)
     info = passes.info_of(out)
     clean = out.without_attr(passes.INFO).without_attr(passes.PARAMS)
     result = SouffleModule(clean, info["unscheduled"], info["program"], info.get("vertical"),

@@ -24,7 +24,10 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
                    inference), bytes (compulsory global traffic of one launch: the sizes of the
                    global buffers it touches), flops (useful float ops of one launch, counted on
                    the unscheduled TIR, padding excluded); stitched kernels (v3) also
-                   carry ``stages``, ``grid_syncs`` and ``cooperative``
+                   carry ``stages``, ``grid_syncs`` and ``cooperative``; with a tuning
+                   database, ``schedule`` ("database" or "default: <rule>"; stitched kernels
+                   count their stages) and ``schedule_note`` (why a record was not used)
+database           the tuning database the compile read (``--database``), else null
 =================  ==========================================================================
 """
 
@@ -52,6 +55,8 @@ class KernelReport:
     grid_syncs: int | None = None        # stitched kernels: grid-wide barriers per launch
     cooperative: bool = False            # launched with cudaLaunchCooperativeKernel semantics
     max_coresident: int | None = None    # cooperative kernels: blocks that fit at once (ptxas + occupancy)
+    schedule: str | None = None          # with a tuning database: "database", "default: <rule>", or per stage
+    schedule_note: str | None = None     # why a database record was not used
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Report:
     subprograms: list[dict] = field(default_factory=list)
     group_edges: list[list[int]] = field(default_factory=list)
     fallback: str | None = None
+    database: str | None = None          # the tuning database compile read (``--database``)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -121,6 +127,8 @@ class Report:
                 f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {_si(k.bytes):>8} {_si(k.flops):>8}")
         if len(ranked) > max_rows:
             lines.append(f"... {len(ranked) - max_rows} more kernels (see the JSON report)")
+        if self.database:
+            lines += _schedule_lines(self)
         if self.fallback:
             lines.append(f"\nfallback to TVM's default path: {self.fallback}")
         if self.groups:
@@ -130,6 +138,16 @@ class Report:
             lines.append(f"subprograms ({len(self.subprograms)}, each one kernel when stitchable) end because:")
             lines += _reason_counts(self.subprograms)
         return "\n".join(lines)
+
+
+def _schedule_lines(report: "Report") -> list[str]:
+    """Which kernels' schedules came from the tuning database, which from the default rules."""
+    tuned = [k for k in report.kernels if k.schedule == "database"]
+    lines = [f"\nschedules: {len(tuned)} of {len(report.kernels)} kernels from the database {report.database}"]
+    for k in report.kernels:
+        note = f"  ({k.schedule_note})" if k.schedule_note else ""
+        lines.append(f"  {k.name:<44} {k.schedule or '-'}{note}")
+    return lines
 
 
 def _reason_counts(items: list[dict]) -> list[str]:

@@ -34,7 +34,7 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"database": 3, "Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def _rules(block_size: int | None, gemm_k_tile: int | None = None):
