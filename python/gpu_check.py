@@ -83,11 +83,12 @@ def prepare(args) -> int:
     for n, (name, dtype, size, variant) in enumerate(steps, 1):
         small = size == "small"
         fusion, _, level = variant.partition("-")
+        level = level or ("v3" if fusion == "souffle" else "")
         tag = name if dtype == zoo.MODELS[name].paper_dtype else f"{name}-{'fp32' if dtype == 'float32' else 'fp16'}"
         case_id = f"{tag}-{size}-{variant}"
         print(f"[{n}/{len(steps)}] {case_id} ({dtype}) ...", flush=True)
         t = time.perf_counter()
-        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level=level or "v3")
+        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level=level or "v2")
         lib = out / "libs" / f"{case_id}.so"
         c.executable.export_library(str(lib))
         if c.cuda_source:
@@ -338,8 +339,95 @@ def run(args) -> int:
         print("case", json.dumps({k: v for k, v in r.items() if k not in ("kernel_names", "kernel_ms")}), flush=True)
         save()
         torch.cuda.empty_cache()
+    if args.ncu:
+        _ncu_all(bundle, wanted, result, deadline, args, save)
     save()
     _print_table(result)
+    return 0
+
+
+# -- DRAM bytes from Nsight Compute ----------------------------------------------------------------
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+_UNITS = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12}
+
+
+def parse_ncu_csv(text: str) -> dict:
+    """Per-kernel and total DRAM bytes from ``ncu --csv --metrics ...`` output (lines that are
+    not CSV rows, such as ``==PROF==`` notes and the program's own output, are skipped)."""
+    import csv
+
+    rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
+    if not rows:
+        return {"error": "ncu printed no metrics"}
+    head, body = rows[0], rows[1:]
+    col = {name: i for i, name in enumerate(head)}
+    per_kernel: dict[str, float] = {}
+    totals = {m: 0.0 for m in NCU_METRICS}
+    launches = set()
+    for row in body:
+        metric = row[col["Metric Name"]]
+        if metric not in totals:
+            continue
+        value = float(row[col["Metric Value"]].replace(",", "")) * _UNITS.get(row[col["Metric Unit"]].lower(), 1)
+        totals[metric] += value
+        name = row[col["Kernel Name"]]
+        per_kernel[name] = per_kernel.get(name, 0.0) + value
+        launches.add(row[col["ID"]])
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return {"dram_read_bytes": int(totals[NCU_METRICS[0]]), "dram_write_bytes": int(totals[NCU_METRICS[1]]),
+            "kernels_profiled": len(launches), "dram_bytes_by_kernel": {k: int(v) for k, v in top}}
+
+
+def _ncu_all(bundle: Path, cases: list[dict], result: dict, deadline: Deadline, args, save) -> None:
+    """One inference per full-size case under ``ncu`` (in a child process, with a timeout):
+    DRAM bytes read and written, per kernel and in total. Cases with more launches than
+    ``--ncu-max-launches`` are skipped (ncu replays every kernel)."""
+    import shutil
+
+    ncu = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if Path(p).exists()), None)
+    if ncu is None:
+        result["ncu"] = "ncu not found"
+        return
+    by_id = {r["id"]: r for r in result["cases"]}
+    for case in cases:
+        r = by_id.get(case["id"])
+        if r is None or "error" in r or case["size"] != "full" or case["report"]["launches"] > args.ncu_max_launches:
+            continue
+        if deadline.left() < 40:
+            r["ncu"] = {"skipped": "out of time"}
+            continue
+        cmd = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS), sys.executable, __file__, "once",
+               "--bundle", str(bundle), "--case", case["id"]]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(90, deadline.left() - 10))
+            r["ncu"] = parse_ncu_csv(proc.stdout)
+            if "error" in r["ncu"]:
+                r["ncu"]["stderr"] = (proc.stderr or proc.stdout)[-600:]
+        except subprocess.TimeoutExpired:
+            r["ncu"] = {"error": "timed out"}
+        print("ncu", case["id"], json.dumps({k: v for k, v in r["ncu"].items() if k != "dram_bytes_by_kernel"}),
+              flush=True)
+        save()
+
+
+def once_main(args) -> int:
+    """(child of ``run --ncu``) One inference of one case, nothing else on the GPU."""
+    import torch
+    import tvm_ffi
+
+    bundle = Path(args.bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    case = next(c for c in manifest["cases"] if c["id"] == args.case)
+    standalone.load_runtime(bundle / "runtime", cuda=True)
+    standalone.CubinStore(bundle / "cubins", manifest["arch"]).register()
+    vm = standalone.VM(bundle / case["lib"], "cuda")
+    params, _ = _params(bundle, case, _Zoo(), torch)
+    specs = [SimpleNamespace(**i) for i in case["inputs"]]
+    feeds = numerics.random_inputs(specs, seed=0)
+    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))
+                for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
+    vm(*args_gpu)
+    torch.cuda.synchronize()
     return 0
 
 
@@ -634,11 +722,16 @@ def main() -> int:
     r.add_argument("--reps", type=int, default=100)
     r.add_argument("--budget", type=float, default=400.0, help="seconds; later cases are skipped past it")
     r.add_argument("--no-full-reference", action="store_true", help="skip onnxruntime on full-size models")
+    r.add_argument("--ncu", action="store_true", help="also DRAM bytes per full-size case from Nsight Compute")
+    r.add_argument("--ncu-max-launches", type=int, default=200, help="skip cases with more launches under ncu")
+    o = sub.add_parser("once", help="(internal) one inference of one case, for ncu")
+    o.add_argument("--bundle", required=True)
+    o.add_argument("--case", required=True)
     q = sub.add_parser("probe", help="(internal) run one cooperative-launch probe")
     q.add_argument("--bundle", required=True)
     q.add_argument("--name", required=True)
     args = ap.parse_args()
-    return {"prepare": prepare, "run": run, "probe": probe_main}[args.cmd](args)
+    return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

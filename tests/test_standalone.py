@@ -53,7 +53,8 @@ def test_cubin_store_answers_by_source_and_counts(tmp_path):
 def test_gpu_check_bundle_is_complete(tmp_path):
     bundle = tmp_path / "b"
     proc = subprocess.run([sys.executable, str(ROOT / "python" / "gpu_check.py"), "prepare", "--bundle", str(bundle),
-                           "--models", "mmoe", "--sizes", "small", "--no-wheel"], capture_output=True, text=True, timeout=900)
+                           "--models", "mmoe", "--sizes", "small", "--no-wheel", "--fusions", "tvm", "souffle",
+                           "souffle-v2", "--ablation-sizes", "small"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = json.loads((bundle / "manifest.json").read_text())
     for name in standalone.RUNTIME_LIBS + standalone.CUDA_RUNTIME_LIBS:
@@ -62,7 +63,9 @@ def test_gpu_check_bundle_is_complete(tmp_path):
     ok, over = kinds["coresident"], kinds["oversized"]
     assert ok["grid"] == 132 * ok["predicted_blocks_per_sm"] and over["grid"] == ok["grid"] + 132
     assert ok["grid_sync"] and not kinds["nosync"]["grid_sync"]
-    assert [c["id"] for c in m["cases"]] == ["mmoe-small-tvm", "mmoe-small-souffle"]
+    assert [c["id"] for c in m["cases"]] == ["mmoe-small-tvm", "mmoe-small-souffle", "mmoe-small-souffle-v2"]
+    assert [c["level"] for c in m["cases"]] == [None, "v3", "v2"]
+    assert m["cases"][2]["report"]["launches"] > 1 and not any(k["cooperative"] for k in m["cases"][2]["report"]["kernels"])
     for case in m["cases"]:
         assert (bundle / case["lib"]).exists() and (bundle / case["io_npz"]).exists()
         for k in case["report"]["kernels"]:
@@ -72,3 +75,23 @@ def test_gpu_check_bundle_is_complete(tmp_path):
     # every weight is either regenerable from the zoo's seed or carried
     assert {p["src"] for c in m["cases"] for p in c["params"]} <= {"onnx", "npz"}
     assert resources.nvcc_path() is not None
+
+
+def test_gpu_check_reads_nsight_compute_csv():
+    sys.path.insert(0, str(ROOT / "python"))
+    import gpu_check
+
+    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
+           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    row = '"{id}","1","python3","h","{k}","1","7","(256, 1, 1)","(528, 1, 1)","0","9.0","m","{metric}","{unit}","{v}"'
+    text = "\n".join(["==PROF== Connected to process", head,
+                      row.format(id=0, k="stitched", metric="dram__bytes_read.sum", unit="Mbyte", v="1.50"),
+                      row.format(id=0, k="stitched", metric="dram__bytes_write.sum", unit="Kbyte", v="2,048.00"),
+                      row.format(id=0, k="stitched", metric="sm__cycles.sum", unit="cycle", v="9"),
+                      row.format(id=1, k="gemm", metric="dram__bytes_read.sum", unit="byte", v="100"),
+                      "program output"])
+    got = gpu_check.parse_ncu_csv(text)
+    assert got["dram_read_bytes"] == 1_500_100 and got["dram_write_bytes"] == 2_048_000
+    assert got["kernels_profiled"] == 2
+    assert got["dram_bytes_by_kernel"] == {"stitched": 3_548_000, "gemm": 100}
+    assert "error" in gpu_check.parse_ncu_csv("==ERROR== the profiler failed")
