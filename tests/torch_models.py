@@ -166,20 +166,25 @@ class SwinBlock(nn.Module):
         else:
             self.mask = None
 
-    def forward(self, x):
-        b, n, c = x.shape
-        h = self.ln1(x).view(b, self.res, self.res, c)
+    def forward(self, x):  # x: [B, H, W, C], as in torchvision's Swin
+        b, H, W, c = x.shape
+        w = self.window
+        # torchvision pads to whole windows with amounts computed from the run-time shape: the
+        # legacy exporter writes them as Shape/Mod/Sub arithmetic feeding Pad.
+        pad_r, pad_b = (w - W % w) % w, (w - H % w) % w
+        h = F.pad(self.ln1(x), (0, 0, 0, pad_r, 0, pad_b))
+        ph, pw = h.shape[1], h.shape[2]
         if self.shift:
             h = torch.roll(h, (-self.shift, -self.shift), (1, 2))
-        win = _windows(h, self.window)
+        win = _windows(h, w)
         bias = self.rel.unsqueeze(0)                                   # [1, heads, N, N]
         if self.mask is not None:                                      # per window: [b * nw, heads, N, N]
             bias = (bias + self.mask[:, None]).unsqueeze(0).expand(b, -1, -1, -1, -1)
             bias = bias.reshape(-1, *self.rel.shape)
-        h = _unwindows(self.att(win, bias), self.window, b, self.res, self.res)
+        h = _unwindows(self.att(win, bias), w, b, ph, pw)
         if self.shift:
             h = torch.roll(h, (self.shift, self.shift), (1, 2))
-        x = x + h.reshape(b, n, c)
+        x = x + h[:, :H, :W, :].contiguous()
         return x + self.mlp(self.ln2(x))
 
 
@@ -193,8 +198,8 @@ class Swin(nn.Module):
         self.ln, self.fc = nn.LayerNorm(dim), nn.Linear(dim, classes)
 
     def forward(self, x):
-        x = self.embed(x).flatten(2).transpose(1, 2)
-        return self.fc(self.ln(self.blocks(x)).mean(1))
+        x = self.embed(x).permute(0, 2, 3, 1)
+        return self.fc(self.ln(self.blocks(x)).mean((1, 2)))
 
 
 class ViT(nn.Module):
