@@ -114,6 +114,23 @@ def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
     return infos
 
 
+def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Shapes for the model's inputs with dynamic dims, taken from the given arrays (``run --inputs``).
+
+    Inputs whose dims are all static keep them: an array of another shape is then reported as a
+    mismatch by the run, rather than silently recompiling the model for it.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        if vi.name in inits or vi.name not in arrays:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+            shapes[vi.name] = tuple(int(n) for n in np.shape(arrays[vi.name]))
+    return shapes
+
+
 @contextlib.contextmanager
 def _project_converters():
     """Temporarily extend TVM's ONNX converter table with ours."""
