@@ -288,11 +288,17 @@ SPECS = {
 EXPORTERS = ("legacy", "dynamo")
 
 
-def example_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+def input_shapes(name: str, batch: int = BATCH) -> dict[str, tuple[int, ...]]:
+    """The model's input shapes at ``batch`` (the exports keep the batch dim dynamic)."""
+    return {key: (batch, *shape[1:]) for key, (shape, _) in SPECS[name].inputs.items()}
+
+
+def example_inputs(name: str, seed: int = 0, batch: int = BATCH) -> dict[str, np.ndarray]:
     """Seeded example inputs: ids within the vocabulary, a padding mask, token types, N(0,1) floats."""
     rng = np.random.default_rng(seed)
     out = {}
-    for key, (shape, dtype) in SPECS[name].inputs.items():
+    for key, (_, dtype) in SPECS[name].inputs.items():
+        shape = input_shapes(name, batch)[key]
         if key == "input_ids":
             out[key] = rng.integers(0, 50, shape).astype(dtype)
         elif key == "attention_mask":
