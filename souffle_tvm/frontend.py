@@ -197,8 +197,11 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         raise ModelLoadError(f"{name}: invalid ONNX model: {str(err).splitlines()[0]}") from err
     inputs = graph_inputs(model, shapes)
     converted = model
-    if fold:
+    if fold and onnx_fold.needs_folding(model):
         converted = onnx_fold.fold(model, {i.name: i.shape for i in inputs})
+    elif fold:  # nothing to fold, but data-dependent shapes still get a clear error, not TVM's
+        onnx_fold.check_control_flow(model)
+        onnx_fold.check_static(model)
     check_operators(converted)
     try:
         with _project_converters():

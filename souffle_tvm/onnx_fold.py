@@ -82,7 +82,7 @@ def _dynamic_sources(graph: onnx.GraphProto, tensor: str) -> list[str]:
 
 
 def check_static(model: onnx.ModelProto) -> None:
-    """Raise a DynamicShapeError for the first node whose shape-like input is not a constant."""
+    """Raise a DynamicShapeError for the first node whose shape-like input depends on a model input."""
     graph = model.graph
     consts = _constants(graph)
     for node in graph.node:
@@ -90,8 +90,9 @@ def check_static(model: onnx.ModelProto) -> None:
             if pos >= len(node.input) or not node.input[pos] or node.input[pos] in consts:
                 continue
             sources = _dynamic_sources(graph, node.input[pos])
-            where = (f"it is computed at run time from model input(s) {', '.join(map(repr, sources))}"
-                     if sources else "it is computed at run time")
+            if not sources:  # computed from weights only: TVM's importer evaluates that itself
+                continue
+            where = f"it is computed at run time from model input(s) {', '.join(map(repr, sources))}"
             raise DynamicShapeError(
                 f"node {node.name or node.output[0]!r} ({node.op_type}): its {role} input {node.input[pos]!r} "
                 f"could not be folded to a constant; {where}. souffle-tvm compiles static graphs only: "
@@ -241,6 +242,19 @@ def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnxslim.slim(model, skip_optimizations=["graph_fusion"])
 
 
+# Ops whose presence means the graph computes shapes or control decisions at run time.
+_RUN_TIME_OPS = {"Shape", "Size", "If", "Loop", "Scan"}
+
+
+def needs_folding(model: onnx.ModelProto) -> bool:
+    """Whether the graph has run-time shape arithmetic or control flow for ``fold`` to resolve.
+
+    Graphs without any (hand-built or already simplified ones, the zoo's) go to TVM untouched,
+    so folding never rewrites a model that imports as it is.
+    """
+    return any(n.op_type in _RUN_TIME_OPS for n in model.graph.node)
+
+
 def fold(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of ``model`` with static input ``shapes``, its shape arithmetic folded to constants,
     constant control flow inlined, checked static (DynamicShapeError / UnsupportedOperatorError)."""
@@ -257,7 +271,7 @@ def fold(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.Mod
             out = _slim(out)
     except (DynamicShapeError, UnsupportedOperatorError):
         raise
-    except Exception as err:  # onnxslim failing is not fatal: report it as the import error it causes
+    except Exception as err:  # noqa: BLE001 - onnxslim raises many types: one clean import error, cause chained
         raise UnsupportedOperatorError(f"folding shape computations failed: {type(err).__name__}: {err}") from err
     check_control_flow(out)
     check_static(out)

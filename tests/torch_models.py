@@ -335,8 +335,7 @@ def _export(name: str, exporter: str, path: str) -> None:
         else:
             batch = torch.export.Dim("batch", min=1, max=64)
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
-                              dynamic_shapes=tuple({0: batch} for _ in names), verbose=False,
-                              external_data=False)
+                              dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
 
 
 def cache_dir() -> str:
@@ -350,8 +349,13 @@ def export(name: str, exporter: str) -> str:
     """Path of ``name`` exported by ``exporter`` (legacy|dynamo), exporting it on first use."""
     path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
     if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # Export under the final file name in a private folder (the dynamo exporter writes the
+        # weights beside the model, NAME.onnx.data, as users get them), then move the files in,
+        # the model last: a concurrent or interrupted export never leaves half a model.
         tmp = f"{path}.{os.getpid()}.tmp"
-        _export(name, exporter, tmp)
-        os.replace(tmp, path)  # atomic: a concurrent or interrupted export never leaves half a file
+        os.makedirs(tmp, exist_ok=True)
+        _export(name, exporter, os.path.join(tmp, os.path.basename(path)))
+        for f in sorted(os.listdir(tmp), key=lambda f: f.endswith(".onnx")):
+            os.replace(os.path.join(tmp, f), os.path.join(os.path.dirname(path), f))
+        os.rmdir(tmp)
     return path
