@@ -223,14 +223,17 @@ def inline_control_flow(model: onnx.ModelProto) -> bool:
 def check_control_flow(model: onnx.ModelProto) -> None:
     """Control flow left after folding has a run-time condition: name the node and its input."""
     for node in model.graph.node:
-        if node.op_type in ("If", "Loop", "Scan"):
-            role = {"If": "condition", "Loop": "trip count / condition", "Scan": "sequence"}[node.op_type]
+        if node.op_type == "Scan":
+            raise UnsupportedOperatorError(
+                f"node {node.name!r} (Scan): Scan is not supported (TVM's importer has no converter and it "
+                "is not unrolled here); export the recurrence unrolled or as an LSTM/GRU node")
+        if node.op_type in ("If", "Loop"):
+            role = {"If": "condition", "Loop": "trip count"}[node.op_type]
             sources = _dynamic_sources(model.graph, node.input[0]) if node.input and node.input[0] else []
             why = f" (computed from model input(s) {', '.join(map(repr, sources))})" if sources else ""
             raise UnsupportedOperatorError(
                 f"node {node.name!r} ({node.op_type}): its {role} does not fold to a constant{why}; "
-                "souffle-tvm compiles static graphs only: control flow must be decided at compile time "
-                + ("(Scan is not supported)" if node.op_type == "Scan" else ""))
+                "souffle-tvm compiles static graphs only: control flow must be decided at compile time")
 
 
 def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
