@@ -276,6 +276,30 @@ def fold(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.Mod
         raise
     except Exception as err:  # noqa: BLE001 - onnxslim raises many types: one clean import error, cause chained
         raise UnsupportedOperatorError(f"folding shape computations failed: {type(err).__name__}: {err}") from err
+    _keep_inputs(out, model, shapes)
     check_control_flow(out)
     check_static(out)
     return out
+
+
+def _keep_inputs(folded: onnx.ModelProto, original: onnx.ModelProto, shapes: dict) -> None:
+    """Restore the model's inputs, in their order, where onnxslim dropped unused ones: callers
+    pass every declared input, so the imported function must still take them all."""
+    have = {vi.name: vi for vi in folded.graph.input}
+    if all(vi.name in have for vi in original.graph.input if vi.name in shapes):
+        return
+    inputs = []
+    for vi in original.graph.input:
+        if vi.name in have:
+            inputs.append(have.pop(vi.name))
+        elif vi.name in shapes:
+            fixed = onnx.ValueInfoProto()
+            fixed.CopyFrom(vi)
+            dims = fixed.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = int(d)
+            inputs.append(fixed)
+    inputs += have.values()
+    del folded.graph.input[:]
+    folded.graph.input.extend(inputs)

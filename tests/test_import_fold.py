@@ -181,3 +181,13 @@ def test_external_data_loads_and_missing_data_file_is_clear(tmp_path):
     (tmp_path / "m.onnx.data").unlink()
     with pytest.raises(SouffleError, match="separate file"):
         import_onnx(str(path))
+
+
+def test_unused_input_survives_folding():
+    # onnxslim drops graph inputs nothing reads; callers still pass every declared input.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["b", 3]), helper.make_tensor_value_info("unused", F, [2])],
+                   [_out("y", 2)])
+    compiled = check(model, {"x": (4, 3)})
+    assert [i.name for i in compiled.model.inputs] == ["x", "unused"]
+    assert len(compiled.model.mod["main"].params) == 2
