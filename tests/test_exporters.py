@@ -23,11 +23,11 @@ MATRIX = [(name, exporter) for name in tm.SPECS for exporter in tm.EXPORTERS]
 SOUFFLE_DEFAULT = {("bert", "legacy"), ("swin", "legacy"), ("gru", "dynamo"), ("mmoe", "dynamo")}
 
 
-def _check(name: str, exporter: str, fusion: str):
+def _check(name: str, exporter: str, fusion: str, seq: int | None = None):
     path = tm.export(name, exporter)
-    compiled = compile_model(path, "llvm", fusion, shapes=tm.input_shapes(name, BATCH))
+    compiled = compile_model(path, "llvm", fusion, shapes=tm.input_shapes(name, BATCH, seq))
     assert compiled.model.outputs == list(tm.SPECS[name].outputs)
-    feeds = tm.example_inputs(name, seed=1, batch=BATCH)
+    feeds = tm.example_inputs(name, seed=1, batch=BATCH, seq=seq)
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
     for c in runner.compare(compiled.model.outputs, outs, ref):
@@ -56,3 +56,11 @@ def test_legacy_exports_need_the_folding(name):
     with pytest.raises(UnsupportedOperatorError, match="TVM's ONNX importer failed"):
         import_onnx(path, shapes=tm.input_shapes(name, BATCH), fold=False)
     assert import_onnx(path, shapes=tm.input_shapes(name, BATCH)).inputs[0].shape[0] == BATCH
+
+
+@pytest.mark.parametrize("seq", [5, 12])
+def test_bert_with_dynamic_sequence_length(seq):
+    # Batch and sequence both dynamic in the export (8 tokens in the example): the position ids
+    # (Range over a Shape) and the mask broadcast fold for whatever length is compiled.
+    compiled = _check("bert", "legacy-seq", "tvm", seq=seq)
+    assert compiled.model.inputs[0].shape == (BATCH, seq)

@@ -288,17 +288,17 @@ SPECS = {
 EXPORTERS = ("legacy", "dynamo")
 
 
-def input_shapes(name: str, batch: int = BATCH) -> dict[str, tuple[int, ...]]:
-    """The model's input shapes at ``batch`` (the exports keep the batch dim dynamic)."""
-    return {key: (batch, *shape[1:]) for key, (shape, _) in SPECS[name].inputs.items()}
+def input_shapes(name: str, batch: int = BATCH, seq: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The model's input shapes at ``batch`` (and ``seq`` for axis 1, where given)."""
+    return {key: (batch, *((seq,) + shape[2:] if seq else shape[1:])) for key, (shape, _) in SPECS[name].inputs.items()}
 
 
-def example_inputs(name: str, seed: int = 0, batch: int = BATCH) -> dict[str, np.ndarray]:
+def example_inputs(name: str, seed: int = 0, batch: int = BATCH, seq: int | None = None) -> dict[str, np.ndarray]:
     """Seeded example inputs: ids within the vocabulary, a padding mask, token types, N(0,1) floats."""
     rng = np.random.default_rng(seed)
     out = {}
     for key, (_, dtype) in SPECS[name].inputs.items():
-        shape = input_shapes(name, batch)[key]
+        shape = input_shapes(name, batch, seq)[key]
         if key == "input_ids":
             out[key] = rng.integers(0, 50, shape).astype(dtype)
         elif key == "attention_mask":
@@ -329,9 +329,10 @@ def _export(name: str, exporter: str, path: str) -> None:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        if exporter == "legacy":
+        if exporter in ("legacy", "legacy-seq"):  # legacy-seq: the sequence axis (1) dynamic too
+            axes = {0: "batch", 1: "seq"} if exporter == "legacy-seq" else {0: "batch"}
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, opset_version=17,
-                              dynamic_axes={n: {0: "batch"} for n in names}, dynamo=False)
+                              dynamic_axes={n: axes for n in names}, dynamo=False)
         else:
             batch = torch.export.Dim("batch", min=1, max=64)
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
@@ -346,7 +347,7 @@ def cache_dir() -> str:
 
 
 def export(name: str, exporter: str) -> str:
-    """Path of ``name`` exported by ``exporter`` (legacy|dynamo), exporting it on first use."""
+    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq), exporting it on first use."""
     path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
     if not os.path.exists(path):
         # Export under the final file name in a private folder (the dynamo exporter writes the
