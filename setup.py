@@ -20,11 +20,20 @@ setup(
         # MetaSchedule's runners send work to their worker processes with cloudpickle.
         "cloudpickle==3.1.2",
         "ml_dtypes==0.6.0",
+        # Folds exporters' run-time shape arithmetic (Shape->Gather->Concat->Reshape) before
+        # TVM's importer sees it; pure Python, no compiled extension (souffle_tvm/onnx_fold.py).
+        "onnxslim==0.1.98",
+        # onnxslim evaluates the constant subgraphs it folds with onnxruntime (without it, it
+        # silently folds nothing); also the reference runtime of `souffle-tvm run --check`.
+        "onnxruntime==1.32.0",
     ],
     extras_require={
         "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0",
                  # tutorials/ are executed by the test suite (tests/test_tutorials.py); plots inline
-                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"],
+                 "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2",
+                 # The exporter matrix (tests/torch_models.py): PyTorch's legacy and dynamo ONNX
+                 # exporters; the CPU wheel of torch, never a core dependency.
+                 "torch==2.13.0", "onnxscript==0.7.2"],
         "bench": ["onnxruntime==1.32.0", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},

@@ -120,7 +120,7 @@ def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tupl
     ana = tvm.sym.Analyzer()
     for v, r in dom.items():
         ana.bind(v, r)
-    idx = [ana.simplify(i) for i in indices]
+    idx = [te_rewrite.simplify(ana, i) for i in indices]
     text = str(tirx.IndexMap([iv.var for iv in ivs], idx, None)).replace("T.index_map(lambda ", "")
     text = text[:-1] if text.endswith(")") else text   # only index_map's own paren: the tuple keeps its ")"
     if any(te_rewrite.loads(i) for i in idx):

@@ -266,6 +266,12 @@ def cmd_run(args) -> int:
         from .api import compile as compile_model
 
         shapes = _parse_shapes(args.input_shapes)
+        if feeds is not None:
+            # Dynamic input dims take the given arrays' shapes; --input-shapes still wins.
+            from .frontend import load_model, shapes_from_arrays
+
+            shapes = {**shapes_from_arrays(load_model(args.model, args.small, args.dtype)[1], feeds),
+                      **(shapes or {})}
         compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
                                  shapes=shapes, level=args.level)
         executable, params = compiled.executable, compiled.model.params
@@ -276,7 +282,7 @@ def cmd_run(args) -> int:
     outs = runner.run_vm(executable, params, ordered)
     print(f"ran on llvm in {time.perf_counter() - t:.3f} s")
     for name, o in zip(output_names, outs):
-        print(f"  {name}: shape {tuple(o.shape)} {o.dtype} mean {float(np.mean(o)):.6g}")
+        print(f"  {name}: shape {tuple(o.shape)} {o.dtype} mean {float(np.mean(o)) if o.size else float('nan'):.6g}")
     if args.outputs:
         np.savez(args.outputs, **dict(zip(output_names, outs)))
         print(f"outputs: {args.outputs}")

@@ -18,7 +18,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import onnx_rnn
+from . import onnx_fold, onnx_rnn
 from .errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
 _NP_DTYPES = {
@@ -68,7 +68,21 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
         raise ModelLoadError(f"{path}: not a readable ONNX model (truncated or corrupt file?): {err}") from err
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the ONNX graph is empty (truncated or not an ONNX model?)")
+    _load_external_data(model, path)
     return os.path.splitext(os.path.basename(path))[0], model
+
+
+def _load_external_data(model: onnx.ModelProto, path: str) -> None:
+    """Read weights stored beside the model (``X.onnx.data``, as PyTorch's dynamo exporter writes)."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    if not any(uses_external_data(t) for t in model.graph.initializer):
+        return
+    try:
+        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except (OSError, ValueError, onnx.checker.ValidationError) as err:
+        raise ModelLoadError(f"{path}: its weights are stored in a separate file that could not be read "
+                             f"(keep the .data file beside the model): {err}") from err
 
 
 def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None) -> list[TensorInfo]:
@@ -98,6 +112,23 @@ def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
             dims.append(d.dim_value)
         infos.append(TensorInfo(vi.name, tuple(dims), dtype))
     return infos
+
+
+def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Shapes for the model's inputs with dynamic dims, taken from the given arrays (``run --inputs``).
+
+    Inputs whose dims are all static keep them: an array of another shape is then reported as a
+    mismatch by the run, rather than silently recompiling the model for it.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        if vi.name in inits or vi.name not in arrays:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+            shapes[vi.name] = tuple(int(n) for n in np.shape(arrays[vi.name]))
+    return shapes
 
 
 @contextlib.contextmanager
@@ -151,18 +182,30 @@ def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule,
 
 
 def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
-                dtype: str = "float32") -> ImportedModel:
-    """Load, validate and import an ONNX model into Relax with its weights detached."""
+                dtype: str = "float32", fold: bool = True) -> ImportedModel:
+    """Load, validate and import an ONNX model into Relax with its weights detached.
+
+    With ``fold`` (the default) the model's run-time shape arithmetic and constant control flow
+    are folded first, for the static input shapes (``onnx_fold``); ``fold=False`` hands the
+    graph to TVM's importer as it is. ``ImportedModel.onnx_model`` stays the unfolded model, so
+    a reference run checks the folding too.
+    """
     name, model = load_model(source, small=small, dtype=dtype)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
         raise ModelLoadError(f"{name}: invalid ONNX model: {str(err).splitlines()[0]}") from err
     inputs = graph_inputs(model, shapes)
-    check_operators(model)
+    converted = model
+    if fold and onnx_fold.needs_folding(model):
+        converted = onnx_fold.fold(model, {i.name: i.shape for i in inputs})
+    elif fold:  # nothing to fold, but data-dependent shapes still get a clear error, not TVM's
+        onnx_fold.check_control_flow(model)
+        onnx_fold.check_static(model)
+    check_operators(converted)
     try:
         with _project_converters():
-            mod = from_onnx(model, shape_dict={i.name: list(i.shape) for i in inputs},
+            mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
                             dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
     except SouffleError:
         raise

@@ -1,4 +1,4 @@
-"""ONNX recurrent operators (``LSTM``) for TVM's Relax ONNX importer, which has none.
+"""ONNX recurrent operators (``LSTM``, ``GRU``) for TVM's Relax ONNX importer, which has none.
 
 The recurrence is unrolled over the (static) sequence, but in a form that keeps the graph
 small and the compiled code compact:
@@ -219,4 +219,69 @@ class LSTM(_onnx.OnnxOpConverter):
     _impl_v14 = _impl_v7
 
 
-CONVERTERS = {"LSTM": LSTM}
+class GRU(_onnx.OnnxOpConverter):
+    """ONNX GRU (opset 7 and 14): gates z, r, h; ``linear_before_reset`` 0 or 1 (PyTorch's), clip.
+
+    ``linear_before_reset=1`` applies the reset gate after the recurrent matmul, r ⊙ (h·R_hᵀ + Rb_h),
+    so one [H, 3H] matmul per step serves all gates; with 0 it applies before, (r ⊙ h)·R_hᵀ, which
+    needs a second, dependent matmul per step.
+    """
+
+    @classmethod
+    def _impl_v7(cls, bb, inputs, attr, params):
+        rec = _Recurrence(bb, inputs, attr, params, "GRU")
+        H, dt = rec.hidden, rec.dtype
+        w, r, b, init_h = inputs[1], inputs[2], inputs[3], inputs[5]
+        acts = _activations(attr, ["Sigmoid", "Tanh"], rec.directions, dt)
+        before_reset = bool(attr.get("linear_before_reset", 0))
+        clip = rec.maybe_clip
+
+        def part(t, k, n=1):  # gate block(s) k..k+n-1 of the last axis
+            return R.strided_slice(t, axes=[t.ty.ndim - 1], begin=[k * H], end=[(k + n) * H])
+
+        hs_per_dir, final_h = [], []
+        for d in range(rec.directions):
+            f_act, g_act = acts[d]
+            w_d, r_d = rec.per_direction(w, d), rec.per_direction(r, d)
+            proj = rec.emit(R.matmul(rec.x, R.permute_dims(w_d, [1, 0])))          # [seq, batch, 3H]
+            rb_h = None
+            if b is not None:
+                b_d = rec.per_direction(b, d)
+                wb, rb = rec.emit(part(b_d, 0, 3)), rec.emit(part(b_d, 3, 3))
+                # Rb_z, Rb_r (and Rb_h unless it sits inside the reset product) are input-independent.
+                if before_reset:
+                    rb_h = rec.emit(part(rb, 2))
+                    rb = R.concat([part(rb, 0, 2), R.zeros((H,), dt)], axis=0)
+                proj = rec.emit(R.add(proj, R.add(wb, rb)))
+            if before_reset:
+                r_all = rec.emit(R.permute_dims(r_d, [1, 0]))                         # [H, 3H]
+            else:
+                r_zr = rec.emit(R.permute_dims(R.strided_slice(r_d, axes=[0], begin=[0], end=[2 * H]), [1, 0]))
+                r_h = rec.emit(R.permute_dims(R.strided_slice(r_d, axes=[0], begin=[2 * H], end=[3 * H]), [1, 0]))
+            xs = rec.time_steps(proj)
+            h = rec.initial_state(init_h, d)
+            reverse = rec.direction == "reverse" or d == 1
+            order = range(rec.seq - 1, -1, -1) if reverse else range(rec.seq)
+            hs = [None] * rec.seq
+            for t in order:
+                x_t = xs[t]
+                if before_reset:
+                    hr = rec.emit(R.matmul(h, r_all))                                 # [batch, 3H]
+                    zr = rec.emit(f_act(clip(R.add(part(x_t, 0, 2), part(hr, 0, 2)))))
+                    z, reset = part(zr, 0), part(zr, 1)
+                    rec_h = part(hr, 2) if rb_h is None else R.add(part(hr, 2), rb_h)
+                    n = rec.emit(g_act(clip(R.add(part(x_t, 2), R.multiply(reset, rec_h)))))
+                else:
+                    zr = rec.emit(f_act(clip(R.add(part(x_t, 0, 2), R.matmul(h, r_zr)))))
+                    z, reset = part(zr, 0), part(zr, 1)
+                    n = rec.emit(g_act(clip(R.add(part(x_t, 2), R.matmul(R.multiply(reset, h), r_h)))))
+                h = rec.emit(R.add(n, R.multiply(z, R.subtract(h, n))))               # (1-z)·n + z·h
+                hs[t] = h
+            hs_per_dir.append(hs)
+            final_h.append(h)
+        return rec.outputs(hs_per_dir, [final_h])
+
+    _impl_v14 = _impl_v7
+
+
+CONVERTERS = {"LSTM": LSTM, "GRU": GRU}

@@ -50,6 +50,21 @@ def cast_like(value, like):
     return value if dtype_of(value) == dtype_of(like) else tirx.Cast(dtype_of(like), value)
 
 
+def simplify(analyzer: tvm.sym.Analyzer, expr):
+    """``analyzer.simplify(expr)``, or ``expr`` unchanged where it cannot be simplified.
+
+    An index holding a load (a gather: embedding ids, masks) can reach a canonical-simplifier
+    path that hashes the load structurally, which ``te.PlaceholderOp`` does not support
+    (TypeError); such an index is still correct unsimplified.
+    """
+    try:
+        return analyzer.simplify(expr)
+    except TypeError:
+        if not loads(expr):
+            raise
+        return expr
+
+
 def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sym.Analyzer | None = None):
     """Replace variables by ``vmap`` and loads by ``load_fn(tensor, indices)`` (None keeps the load).
 
@@ -69,7 +84,7 @@ def substitute(expr, vmap: dict, load_fn: LoadFn | None = None, analyzer: tvm.sy
         tensor = c.args[0]
         idx = [substitute(i, {}, load_fn, analyzer) for i in c.args[1:]]   # gathers: loads in indices
         if analyzer is not None:
-            idx = unify_index_dtypes([analyzer.simplify(i) for i in idx])
+            idx = unify_index_dtypes([simplify(analyzer, i) for i in idx])
         new = load_fn(tensor, idx) if load_fn is not None else None
         replacement.setdefault(hash(c), []).append((c, new if new is not None else tensor(*idx)))
 

@@ -1,0 +1,362 @@
+"""Small PyTorch models in plain torch.nn (no torchvision) and their ONNX exports, cached on disk.
+
+Each model is the structure of a real network at toy size, so the exporters emit what they
+emit for the real one (shape arithmetic, grouped/depthwise convs, rolls, masks, RNN nodes)
+while import, build and onnxruntime stay fast. Exports are written once per torch version
+and source of this file to ``~/.cache/souffle-tvm/exports`` (override: SOUFFLE_EXPORT_CACHE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import logging
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+BATCH = 2
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, bias=None):
+        b, n, c = x.shape  # the legacy exporter turns these into Shape/Gather at run time
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        if bias is not None:
+            att = att + bias
+        att = att.softmax(-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, ff: int):
+        super().__init__()
+        self.att, self.ln1, self.ln2 = Attention(dim, heads), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff), nn.GELU(), nn.Linear(ff, dim))
+
+    def forward(self, x, bias=None):  # post-norm, as in BERT
+        x = self.ln1(x + self.att(x, bias))
+        return self.ln2(x + self.ff(x))
+
+
+class Bert(nn.Module):
+    """BERT encoder: word + position + token-type embeddings, attention mask, pooler."""
+
+    def __init__(self, vocab=50, dim=32, heads=2, layers=2, max_len=16):
+        super().__init__()
+        self.word, self.pos, self.tok = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim), nn.Embedding(2, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(EncoderLayer(dim, heads, 2 * dim) for _ in range(layers))
+        self.pool = nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        x = self.ln(self.word(input_ids) + self.pos(pos) + self.tok(token_type_ids))
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x, torch.tanh(self.pool(x[:, 0]))
+
+
+class ResNeXtBlock(nn.Module):
+    def __init__(self, cin, cout, groups, width, stride):
+        super().__init__()
+        mid = groups * width
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, groups=groups, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.short = (nn.Identity() if stride == 1 and cin == cout else
+                      nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.short(x))
+
+
+class ResNeXt(nn.Module):
+    """ResNeXt 32x4d at toy size: cardinality 8, group width 4."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.blocks = nn.Sequential(ResNeXtBlock(16, 32, 8, 4, 1), ResNeXtBlock(32, 64, 8, 4, 2))
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class MBConv(nn.Module):
+    def __init__(self, cin, cout, expand, stride):
+        super().__init__()
+        mid, se = cin * expand, max(1, cin // 4)
+        self.expand = nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.SiLU()) \
+            if expand != 1 else nn.Identity()
+        self.dw = nn.Sequential(nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False), nn.BatchNorm2d(mid), nn.SiLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(mid, se, 1), nn.SiLU(), nn.Conv2d(se, mid, 1), nn.Sigmoid())
+        self.project = nn.Sequential(nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        h = self.dw(self.expand(x))
+        h = self.project(h * self.se(h))
+        return x + h if self.residual else h
+
+
+class EfficientNet(nn.Module):
+    """EfficientNet-B0's MBConv stages (depthwise conv, squeeze-excite, SiLU) at toy size."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.blocks = nn.Sequential(MBConv(16, 16, 1, 1), MBConv(16, 24, 6, 2), MBConv(24, 24, 6, 1))
+        self.head = nn.Sequential(nn.Conv2d(24, 64, 1, bias=False), nn.BatchNorm2d(64), nn.SiLU())
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        x = self.head(self.blocks(self.stem(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def _windows(x, w):
+    b, h, wd, c = x.shape
+    x = x.view(b, h // w, w, wd // w, w, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, w * w, c)
+
+
+def _unwindows(x, w, b, h, wd):
+    c = x.shape[-1]
+    x = x.view(b, h // w, wd // w, w, w, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h, wd, c)
+
+
+class SwinBlock(nn.Module):
+    def __init__(self, dim, heads, res, window, shift):
+        super().__init__()
+        self.res, self.window, self.shift = res, window, shift
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.att = Attention(dim, heads)
+        self.rel = nn.Parameter(torch.randn(heads, window * window, window * window) * 0.02)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        if shift:  # Swin's mask: tokens that the roll brought together from far regions don't attend
+            img = torch.zeros(1, res, res, 1)
+            cuts = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+            for k, (hs, ws) in enumerate((a, b) for a in cuts for b in cuts):
+                img[:, hs, ws, :] = k
+            ids = _windows(img, window).squeeze(-1)
+            mask = (ids[:, None, :] != ids[:, :, None]).float() * -100.0
+            self.register_buffer("mask", mask)
+        else:
+            self.mask = None
+
+    def forward(self, x):  # x: [B, H, W, C], as in torchvision's Swin
+        b, H, W, c = x.shape
+        w = self.window
+        # torchvision pads to whole windows with amounts computed from the run-time shape: the
+        # legacy exporter writes them as Shape/Mod/Sub arithmetic feeding Pad.
+        pad_r, pad_b = (w - W % w) % w, (w - H % w) % w
+        h = F.pad(self.ln1(x), (0, 0, 0, pad_r, 0, pad_b))
+        ph, pw = h.shape[1], h.shape[2]
+        if self.shift:
+            h = torch.roll(h, (-self.shift, -self.shift), (1, 2))
+        win = _windows(h, w)
+        bias = self.rel.unsqueeze(0)                                   # [1, heads, N, N]
+        if self.mask is not None:                                      # per window: [b * nw, heads, N, N]
+            bias = (bias + self.mask[:, None]).unsqueeze(0).expand(b, -1, -1, -1, -1)
+            bias = bias.reshape(-1, *self.rel.shape)
+        h = _unwindows(self.att(win, bias), w, b, ph, pw)
+        if self.shift:
+            h = torch.roll(h, (self.shift, self.shift), (1, 2))
+        x = x + h[:, :H, :W, :].contiguous()
+        return x + self.mlp(self.ln2(x))
+
+
+class Swin(nn.Module):
+    """Swin: patch embedding, a plain and a shifted window-attention block, mean pool."""
+
+    def __init__(self, classes=10, dim=32):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, 4, 4)
+        self.blocks = nn.Sequential(SwinBlock(dim, 2, 8, 4, 0), SwinBlock(dim, 2, 8, 4, 2))
+        self.ln, self.fc = nn.LayerNorm(dim), nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.embed(x).permute(0, 2, 3, 1)
+        return self.fc(self.ln(self.blocks(x)).mean((1, 2)))
+
+
+class ViT(nn.Module):
+    """ViT: patch embedding, class token, learned positions, pre-norm encoder layers."""
+
+    def __init__(self, classes=10, dim=32, layers=2):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, 8, 8)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, 17, dim) * 0.02)
+        self.layers = nn.ModuleList(nn.ModuleDict({"ln1": nn.LayerNorm(dim), "att": Attention(dim, 2),
+                                                   "ln2": nn.LayerNorm(dim), "mlp": nn.Sequential(
+                                                       nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))})
+                                    for _ in range(layers))
+        self.ln, self.fc = nn.LayerNorm(dim), nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+        for m in self.layers:
+            x = x + m["att"](m["ln1"](x))
+            x = x + m["mlp"](m["ln2"](x))
+        return self.fc(self.ln(x[:, 0]))
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self, features=8, hidden=16, classes=4):
+        super().__init__()
+        self.rnn = nn.LSTM(features, hidden, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        y, _ = self.rnn(x)
+        return self.fc(y[:, -1])
+
+
+class GRUNet(nn.Module):
+    def __init__(self, features=8, hidden=12):
+        super().__init__()
+        self.rnn = nn.GRU(features, hidden, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        y, h = self.rnn(x)
+        return y, h
+
+
+class MMoE(nn.Module):
+    """Multi-gate mixture of experts: shared experts, one softmax gate and tower per task."""
+
+    def __init__(self, features=16, experts=4, hidden=8, tasks=2):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(features, hidden), nn.ReLU()) for _ in range(experts))
+        self.gates = nn.ModuleList(nn.Linear(features, experts) for _ in range(tasks))
+        self.towers = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 4), nn.ReLU(), nn.Linear(4, 1)) for _ in range(tasks))
+
+    def forward(self, x):
+        e = torch.stack([m(x) for m in self.experts], 1)                  # [b, experts, hidden]
+        outs = []
+        for gate, tower in zip(self.gates, self.towers):
+            w = gate(x).softmax(-1).unsqueeze(-1)
+            outs.append(torch.sigmoid(tower((w * e).sum(1))))
+        return tuple(outs)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A model, its example inputs (batch axis 0 is exported dynamic) and its I/O names."""
+
+    make: type
+    inputs: dict        # name -> (shape, dtype)
+    outputs: tuple[str, ...]
+
+
+SEQ = 8
+SPECS = {
+    "bert": Spec(Bert, {"input_ids": ((BATCH, SEQ), "int64"), "attention_mask": ((BATCH, SEQ), "int64"),
+                        "token_type_ids": ((BATCH, SEQ), "int64")}, ("hidden", "pooled")),
+    "resnext": Spec(ResNeXt, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "efficientnet": Spec(EfficientNet, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "swin": Spec(Swin, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "vit": Spec(ViT, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "lstm": Spec(LSTMClassifier, {"x": ((BATCH, SEQ, 8), "float32")}, ("logits",)),
+    "gru": Spec(GRUNet, {"x": ((BATCH, SEQ, 8), "float32")}, ("y", "h")),
+    "mmoe": Spec(MMoE, {"x": ((BATCH, 16), "float32")}, ("task0", "task1")),
+}
+EXPORTERS = ("legacy", "dynamo")
+
+
+def input_shapes(name: str, batch: int = BATCH, seq: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The model's input shapes at ``batch`` (and ``seq`` for axis 1, where given)."""
+    return {key: (batch, *((seq,) + shape[2:] if seq else shape[1:])) for key, (shape, _) in SPECS[name].inputs.items()}
+
+
+def example_inputs(name: str, seed: int = 0, batch: int = BATCH, seq: int | None = None) -> dict[str, np.ndarray]:
+    """Seeded example inputs: ids within the vocabulary, a padding mask, token types, N(0,1) floats."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, (_, dtype) in SPECS[name].inputs.items():
+        shape = input_shapes(name, batch, seq)[key]
+        if key == "input_ids":
+            out[key] = rng.integers(0, 50, shape).astype(dtype)
+        elif key == "attention_mask":
+            out[key] = (np.arange(shape[1])[None, :] < rng.integers(2, shape[1] + 1, (shape[0], 1))).astype(dtype)
+        elif key == "token_type_ids":
+            out[key] = (np.arange(shape[1])[None, :] >= shape[1] // 2).repeat(shape[0], 0).astype(dtype)
+        else:
+            out[key] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = SPECS[name].make().eval()
+    with torch.no_grad():  # non-trivial BatchNorm statistics, so folding them is tested
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def _export(name: str, exporter: str, path: str) -> None:
+    spec, model = SPECS[name], build(name)
+    args = tuple(torch.from_numpy(a) for a in example_inputs(name).values())
+    names, outs = list(spec.inputs), list(spec.outputs)
+    # The dynamo exporter prints progress and warns about torchvision's absence; keep test logs clean.
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        if exporter in ("legacy", "legacy-seq"):  # legacy-seq: the sequence axis (1) dynamic too
+            axes = {0: "batch", 1: "seq"} if exporter == "legacy-seq" else {0: "batch"}
+            torch.onnx.export(model, args, path, input_names=names, output_names=outs, opset_version=17,
+                              dynamic_axes={n: axes for n in names}, dynamo=False)
+        else:
+            batch = torch.export.Dim("batch", min=1, max=64)
+            torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
+                              dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
+
+
+def cache_dir() -> str:
+    with open(__file__, "rb") as f:
+        key = hashlib.sha256(f.read() + torch.__version__.encode()).hexdigest()[:12]
+    root = os.environ.get("SOUFFLE_EXPORT_CACHE", os.path.expanduser("~/.cache/souffle-tvm/exports"))
+    return os.path.join(root, f"torch-{torch.__version__}-{key}")
+
+
+def export(name: str, exporter: str) -> str:
+    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq), exporting it on first use."""
+    path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
+    if not os.path.exists(path):
+        # Export under the final file name in a private folder (the dynamo exporter writes the
+        # weights beside the model, NAME.onnx.data, as users get them), then move the files in,
+        # the model last: a concurrent or interrupted export never leaves half a model.
+        tmp = f"{path}.{os.getpid()}.tmp"
+        os.makedirs(tmp, exist_ok=True)
+        _export(name, exporter, os.path.join(tmp, os.path.basename(path)))
+        for f in sorted(os.listdir(tmp), key=lambda f: f.endswith(".onnx")):
+            os.replace(os.path.join(tmp, f), os.path.join(os.path.dirname(path), f))
+        os.rmdir(tmp)
+    return path
