@@ -156,11 +156,23 @@ class _Block:
             return tirx.AllocBuffer(buf)
         return _seq([tirx.AllocBuffer(new)] + ([fill] if fill is not None else []))
 
+    def _stride(self, e) -> int:
+        """How far apart in the flat thread index consecutive values of the thread index ``e``
+        (a thread var, or one peeled off the flat index: ``t // s``, ``t % m``, ``t // s % m``) are."""
+        if isinstance(e, (tirx.FloorMod, tirx.Cast)):
+            return self._stride(e.a if isinstance(e, tirx.FloorMod) else e.value)
+        if isinstance(e, tirx.FloorDiv) and isinstance(e.b, tirx.IntImm):
+            return int(e.b.value) * self._stride(e.a)
+        if isinstance(e, tirx.Var) and e in self.thread_vars:
+            return self.thread_vars[e][0]
+        raise EmulationError(f"a cross-thread reduction over {e}, not a thread index")
+
     def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
         """``tvm_thread_allreduce(size, v, cond, out, *idx)``: every thread of a group gets the
         combination, in thread order, of its group's values where ``cond`` holds. Groups: threads
-        with equal ``t - idx(t)`` (a reduction over the innermost thread dimension; another
-        layout gives a wrong answer here, never a silent pass)."""
+        whose flat indices agree once the reduced thread dimensions (``idx``, each with its
+        stride) are zeroed: a reduction over ``threadIdx.x`` groups by warp row, one over
+        ``threadIdx.y`` by lane."""
         reducer = attr.node
         calls = calls_to(attr.body, ("tirx.tvm_thread_allreduce",))
         if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
@@ -176,7 +188,11 @@ class _Block:
         acc = tirx.decl_buffer([_i64(self.n)], dtype_of(value), "allreduce_acc", scope="global")
 
         def key(th):
-            return tirx.Cast(_I64, th - self.per_thread(idx[0], th)) if idx else _i64(0)
+            # the group of thread th: its flat index with the reduced thread dimensions zeroed
+            k = th
+            for e in idx:
+                k = k - tirx.Cast(_I64, self.per_thread(e, th)) * _i64(self._stride(e))
+            return k if idx else _i64(0)
 
         t = [tirx.Var(f"t{i}", _I64) for i in range(3)]
         at = lambda th: tirx.BufferLoad(acc, [key(th)])  # noqa: E731
