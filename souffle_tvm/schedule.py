@@ -160,15 +160,18 @@ class AtomicRows:
 
 
 class Gemv256:
-    """Row reductions over a long axis in a 256-thread block (GEMV: the LSTM's recurrent
-    ``h @ U``, classifier heads): 8 rows per block on ``threadIdx.y``, each reduced by one warp
-    (32 lanes over K on ``threadIdx.x``, combined by a warp-shuffle allreduce, so the stage
-    needs no shared memory and no barrier). dlight's own GEMV/Reduction rules pick their
-    thread counts themselves, which a stitched kernel cannot follow; without this rule such
-    a stage fell to ``Fallback``: one thread per output, K serial, a handful of blocks."""
+    """Row reductions over a long, contiguous axis in a 256-thread block (GEMV with W[N, K]: a
+    classifier head, a batch-1 projection): one row per block, its K split over all 256 threads
+    (coalesced) and combined by the block's allreduce. dlight's GEMV/Reduction rules pick
+    their thread counts themselves, which a stitched kernel cannot follow; without this rule
+    such a stage fell to ``Fallback``: one thread per output, K serial and strided.
 
-    ROWS, LANES = 8, 32
-    MIN_K = 64          # shorter rows: one thread per output (Fallback) wastes less
+    Only the reduction over the whole flat thread index is used: TVM's allreduce lowering
+    needs its reduce index to be a launch thread, and a stitched kernel has one (256-wide)
+    thread dimension. W[K, N] (rows contiguous) keeps ``Fallback``, whose threads then read
+    consecutive rows (coalesced)."""
+
+    MIN_K = 256         # shorter rows: the block allreduce costs more than the serial loop
 
     def apply(self, func, target, _tune):
         from tvm import s_tir
@@ -188,23 +191,12 @@ class Gemv256:
         extents = [sch.get(loop).extent for loop in loops]
         if not all(isinstance(e, tirx.IntImm) for e in extents):
             return None
-        k = math.prod(int(e) for e in extents[n_s:])
-        if k < self.MIN_K:
+        if math.prod(int(e) for e in extents[n_s:]) < self.MIN_K or not _reduces_contiguously(sch.get(info.block_rv)):
             return None
         rows = sch.fuse(*loops[:n_s])
         red = sch.fuse(*loops[n_s:])
-        if _reduces_contiguously(sch.get(info.block_rv)):
-            # W[N, K]: a warp's 32 lanes read 32 consecutive K of one row (coalesced)
-            bx, ty = sch.split(rows, [None, self.ROWS])
-            ko, tx = sch.split(red, [None, self.LANES])
-        else:
-            # W[K, N] (weights folded transposed): the lanes take 32 consecutive rows, and
-            # the 8 warps split K (an allreduce across warps: shared memory and a barrier,
-            # which a stage using all 256 threads may have)
-            bx, tx = sch.split(rows, [None, self.LANES])
-            ko, ty = sch.split(red, [None, self.ROWS])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
+        _, tx = sch.split(red, [None, 256])
+        sch.bind(rows, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         return sch
 
