@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 
 from . import tir_stats
@@ -35,7 +34,7 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"database": 3, "Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Gemv256": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"database": 3, "Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def _rules(block_size: int | None, gemm_k_tile: int | None = None):
@@ -47,8 +46,8 @@ def _rules(block_size: int | None, gemm_k_tile: int | None = None):
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size != 256:
         raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
-    return [AtomicRows(), PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), Gemv256(),
-            dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [AtomicRows(), PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
 
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.
@@ -157,61 +156,6 @@ class AtomicRows:
                       launch("threadIdx.x", tx, tile, tirx.SeqStmt(body))))
         out = tirx.PrimFunc(func.params, tirx.SeqStmt([zero, adds]), attrs=func.attrs)
         return _Done(out.with_attr("tirx.is_scheduled", True))
-
-
-class Gemv256:
-    """Row reductions over a long, contiguous axis in a 256-thread block (GEMV with W[N, K]: a
-    classifier head, a batch-1 projection): one row per block, its K split over all 256 threads
-    (coalesced) and combined by the block's allreduce. dlight's GEMV/Reduction rules pick
-    their thread counts themselves, which a stitched kernel cannot follow; without this rule
-    such a stage fell to ``Fallback``: one thread per output, K serial and strided.
-
-    Only the reduction over the whole flat thread index is used: TVM's allreduce lowering
-    needs its reduce index to be a launch thread, and a stitched kernel has one (256-wide)
-    thread dimension. W[K, N] (rows contiguous) keeps ``Fallback``, whose threads then read
-    consecutive rows (coalesced)."""
-
-    MIN_K = 256         # shorter rows: the block allreduce costs more than the serial loop
-
-    def apply(self, func, target, _tune):
-        from tvm import s_tir
-        from tvm.s_tir.dlight.analysis import normalize_prim_func
-        from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
-
-        sch = s_tir.Schedule(func)
-        infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-        if not infos or len(infos) != 1 or not infos[0].is_reduction():
-            return None             # epilogues stay with rules that can place them
-        info = infos[0]
-        dom = info.dom_kind()
-        n_s = len(dom) - len(dom.lstrip("S"))
-        if n_s == 0 or dom != "S" * n_s + "R" * (len(dom) - n_s):
-            return None
-        loops = sch.get_loops(info.block_rv)
-        extents = [sch.get(loop).extent for loop in loops]
-        if not all(isinstance(e, tirx.IntImm) for e in extents):
-            return None
-        if math.prod(int(e) for e in extents[n_s:]) < self.MIN_K or not _reduces_contiguously(sch.get(info.block_rv)):
-            return None
-        rows = sch.fuse(*loops[:n_s])
-        red = sch.fuse(*loops[n_s:])
-        _, tx = sch.split(red, [None, 256])
-        sch.bind(rows, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        return sch
-
-
-def _reduces_contiguously(block) -> bool:
-    """Whether the block's largest operand is read along its reduction axis innermost."""
-    red = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-
-    def size(region):
-        return math.prod(int(d) if isinstance(d, tirx.IntImm) else 1 << 20 for d in region.source.shape)
-
-    big = max(block.reads, key=size)
-    hit = []
-    tvm_ffi.structural_walk(big.region[-1].min, (tirx.Var, lambda v: hit.append(v) if v in red else None))
-    return bool(hit)
 
 
 class _Done:
