@@ -9,7 +9,11 @@ are applied: MetaSchedule's own ``query_schedule`` ignores the target.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import platform
+import sys
+import types
 
 import tvm
 from tvm import tirx
@@ -21,6 +25,29 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 SOURCE_ATTR = "souffle.schedule"          # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"       # why a database record was not used
+
+
+# The tensor intrinsics each target kind's MetaSchedule rules can name, by submodule of
+# tvm.s_tir.tensor_intrin (on llvm: this machine's architecture).
+_INTRIN_MODULES = {"cuda": ("cuda",), "llvm": ("arm_cpu",) if platform.machine() in ("aarch64", "arm64") else ("x86",)}
+
+
+def register_tensor_intrinsics(target: tvm.target.Target) -> None:
+    """Register the tensor intrinsics ``target``'s schedules can use, and only those.
+
+    MetaSchedule's ``TuneContext`` (and trace replay) import the whole
+    ``tvm.s_tir.tensor_intrin`` package for its side effect, registering every target's
+    intrinsics: about 30 s here (cuda's alone ~10 s, x86's 0.3 s). When the package is not yet
+    imported, its submodules for this target are loaded under a package entry whose
+    ``__init__`` does not run, so MetaSchedule's later import finds it done."""
+    name = "tvm.s_tir.tensor_intrin"
+    if name not in sys.modules:
+        spec = importlib.util.find_spec(name)
+        pkg = types.ModuleType(name)
+        pkg.__path__, pkg.__spec__, pkg.__package__ = list(spec.submodule_search_locations), spec, name
+        sys.modules[name] = pkg
+    for sub in _INTRIN_MODULES.get(target.kind.name, ()):
+        importlib.import_module(f"{name}.{sub}")
 
 
 def open_database(work_dir: str, create: bool = False):
@@ -88,8 +115,8 @@ def lookup(database, func: tirx.PrimFunc, target: tvm.target.Target) -> tuple[ti
         if not same_target(rec.target, target):
             continue
         if any(inst.kind.name == "Tensorize" for inst in rec.trace.insts):
-            # the intrinsics a tensor-core trace names are registered by this import (20-50 s)
-            importlib.import_module("tvm.s_tir.tensor_intrin")
+            # the intrinsics a tensor-core trace names must be registered before replaying it
+            register_tensor_intrinsics(target)
         sch = s_tir.Schedule(rec.workload.mod)
         rec.trace.apply_to_schedule(sch, remove_postproc=False)
         # The group PrimFuncs carry no global symbol (the Relax module names them).

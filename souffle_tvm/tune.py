@@ -165,7 +165,7 @@ def make_runner(target: tvm.target.Target, rpc_tracker: str | None, rpc_key: str
 
 def _in_process_builder():
     """MetaSchedule's own build and export, in this process: its LocalBuilder starts fresh
-    worker processes for every batch, and each imports ``tvm.s_tir.tensor_intrin`` (20-50 s
+    worker processes for every batch, and each imports all of ``tvm.s_tir.tensor_intrin`` (20-50 s
     on this 2-core machine) before building anything."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -215,6 +215,7 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
 
     os.makedirs(work_dir, exist_ok=True)
     target = tuning_target(target, level)
+    db.register_tensor_intrinsics(target)      # before MetaSchedule imports every target's (30 s)
     database = db.open_database(work_dir, create=True)
     per_iter = min(trials, 16)
     cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(100, max(per_iter, trials // 2)),
