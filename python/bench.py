@@ -56,8 +56,14 @@ def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool) -> lis
             step += 1
             print(f"[{step}/{total}] {name} ({dtype}) {key} ...", end=" ", flush=True)
             t = time.perf_counter()
-            c = compile_model(name, "cuda", fusion, arch=arch, small=small, dtype=dtype, nvcc=nvcc,
-                              level=level or "v2")
+            try:
+                c = compile_model(name, "cuda", fusion, arch=arch, small=small, dtype=dtype, nvcc=nvcc,
+                                  level=level or "v2")
+            except Exception as err:  # noqa: BLE001 - one failed build is a result, not the end of the run
+                msg = str(err).strip().splitlines()
+                row[key] = {"error": f"{type(err).__name__}: {msg[-1] if msg else ''}"[:300]}
+                print(f"FAILED: {row[key]['error']}", flush=True)
+                continue
             r = c.report
             est = roofline.estimate(r, gpu, dtype, compulsory)
             row["roofline_floor_ms_estimate"] = round(est.floor * 1e3, 4)
@@ -132,6 +138,9 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["compile"]:
         t, v3 = r["tvm"], r["v3"]
+        if "error" in t or "error" in v3:
+            lines.append(f"| {r['model']} | {r['dtype']} | build failed: {(t.get('error') or v3.get('error'))[:80]} |")
+            continue
         lines.append(
             f"| {r['model']} | {r['dtype']} | {t['launches']} | {v3['launches']} | "
             f"{t['launches'] / max(v3['launches'], 1):.1f}x | {v3['grid_syncs']} | {t['bytes'] / 1e6:.1f} | "
@@ -144,7 +153,8 @@ def markdown(result: dict) -> str:
               "V4 (cross-stage optimisations such as next-GEMM weight prefetch) is not built.", "",
               "| model | tvm | V0 | V1 | V2 | V3 |", "|---|---|---|---|---|---|"]
     for r in result["compile"]:
-        cells = [f"{r[k]['launches']} / {r[k]['bytes'] / 1e6:.1f} / {r[k]['roofline_ms_estimate']:.3f}"
+        cells = [f"build failed: {r[k]['error'][:60]}" if "error" in r[k] else
+                 f"{r[k]['launches']} / {r[k]['bytes'] / 1e6:.1f} / {r[k]['roofline_ms_estimate']:.3f}"
                  for k, _, _ in CONFIGS]
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     if result.get("cpu"):

@@ -31,8 +31,13 @@ def _gpu(result: dict):
     return hardware.for_arch(result["target"].split("-arch=")[-1]), roofline
 
 
+def _ok(rows: list[dict], keys) -> list[dict]:
+    """The rows whose configurations all built (a failed build is listed in the tables instead)."""
+    return [r for r in rows if all("error" not in r[k] for k in keys)]
+
+
 def launches(result: dict, out: Path) -> Path:
-    rows = result["compile"]
+    rows = _ok(result["compile"], ("tvm", "v3"))
     fig, ax = plt.subplots(figsize=(8, 4))
     x = range(len(rows))
     for i, key in enumerate(("tvm", "v3")):
@@ -54,7 +59,7 @@ def launches(result: dict, out: Path) -> Path:
 
 def roofline_chart(result: dict, out: Path) -> Path:
     gpu, rl = _gpu(result)
-    rows = result["compile"]
+    rows = _ok(result["compile"], ("tvm", "v3"))
     cols = 3
     fig, axes = plt.subplots((len(rows) + cols - 1) // cols, cols, figsize=(13, 4 * ((len(rows) + cols - 1) // cols)),
                              squeeze=False)
@@ -94,9 +99,10 @@ def ablation(result: dict, out: Path) -> Path:
     width = 0.16
     for i, key in enumerate(LEVELS):
         xs = [j + (i - 2) * width for j in range(len(rows))]
-        top.bar(xs, [r[key]["launches"] for r in rows], width, color=COLOURS[key], label=key.upper())
-        base = [r["tvm"]["roofline_ms_estimate"] for r in rows]
-        bottom.bar(xs, [r[key]["roofline_ms_estimate"] / b for r, b in zip(rows, base)], width, color=COLOURS[key])
+        # a level whose build failed is a missing bar (the tables name the error)
+        top.bar(xs, [r[key].get("launches", 0) for r in rows], width, color=COLOURS[key], label=key.upper())
+        bottom.bar(xs, [r[key].get("roofline_ms_estimate", 0) / r["tvm"]["roofline_ms_estimate"]
+                        if "error" not in r["tvm"] else 0 for r in rows], width, color=COLOURS[key])
     top.set_yscale("log")
     top.set_ylabel("launches (log)")
     top.legend(ncol=5, fontsize=8)
