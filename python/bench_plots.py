@@ -31,6 +31,13 @@ def _gpu(result: dict):
     return hardware.for_arch(result["target"].split("-arch=")[-1]), roofline
 
 
+def _save(fig, path: Path, dpi: int = 120) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _ok(rows: list[dict], keys) -> list[dict]:
     """The rows whose configurations all built (a failed build is listed in the tables instead)."""
     return [r for r in rows if all("error" not in r[k] for k in keys)]
@@ -50,11 +57,7 @@ def launches(result: dict, out: Path) -> Path:
     ax.set_ylabel("kernel launches per inference (log)")
     ax.set_title(f"Launches per inference, {result['target']} ({result['date']})")
     ax.legend()
-    fig.tight_layout()
-    path = out / "launches.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "launches.png")
 
 
 def roofline_chart(result: dict, out: Path) -> Path:
@@ -86,11 +89,7 @@ def roofline_chart(result: dict, out: Path) -> Path:
         ax.axis("off")
     fig.suptitle(f"Kernels on the {gpu.name} roofline: TVM vs Souffle V3 (estimates; point area = share of "
                  "estimated time)", fontsize=11)
-    fig.tight_layout()
-    path = out / "roofline.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "roofline.png", dpi=110)
 
 
 def ablation(result: dict, out: Path) -> Path:
@@ -110,11 +109,7 @@ def ablation(result: dict, out: Path) -> Path:
     bottom.set_ylabel("estimated latency / TVM's")
     bottom.set_xticks(range(len(rows)), [r["model"] for r in rows])
     fig.suptitle("Ablation V0-V3 (V4 not built): launches and roofline-estimated H200 latency")
-    fig.tight_layout()
-    path = out / "ablation.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "ablation.png")
 
 
 def plot_all(result: dict, out: Path) -> list[Path]:

@@ -410,23 +410,32 @@ def _ncu_all(bundle: Path, cases: list[dict], result: dict, deadline: Deadline, 
         save()
 
 
+def _load_bundle(path: str) -> tuple[Path, dict]:
+    """(child processes) The bundle's manifest, with TVM's runtime loaded and its cubins registered."""
+    bundle = Path(path)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    standalone.load_runtime(bundle / "runtime", cuda=True)
+    standalone.CubinStore(bundle / "cubins", manifest["arch"]).register()
+    return bundle, manifest
+
+
+def _device_args(specs, feeds: dict, params: list, torch, tvm_ffi) -> list:
+    """The model's inputs (in order) then its weights, on the GPU, as the VM takes them."""
+    return [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))
+            for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
+
+
 def once_main(args) -> int:
     """(child of ``run --ncu``) One inference of one case, nothing else on the GPU."""
     import torch
     import tvm_ffi
 
-    bundle = Path(args.bundle)
-    manifest = json.loads((bundle / "manifest.json").read_text())
+    bundle, manifest = _load_bundle(args.bundle)
     case = next(c for c in manifest["cases"] if c["id"] == args.case)
-    standalone.load_runtime(bundle / "runtime", cuda=True)
-    standalone.CubinStore(bundle / "cubins", manifest["arch"]).register()
     vm = standalone.VM(bundle / case["lib"], "cuda")
     params, _ = _params(bundle, case, _Zoo(), torch)
     specs = [SimpleNamespace(**i) for i in case["inputs"]]
-    feeds = numerics.random_inputs(specs, seed=0)
-    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))
-                for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
-    vm(*args_gpu)
+    vm(*_device_args(specs, numerics.random_inputs(specs, seed=0), params, torch, tvm_ffi))
     torch.cuda.synchronize()
     return 0
 
@@ -450,11 +459,8 @@ def probe_main(args) -> int:
     import torch
     import tvm_ffi
 
-    bundle = Path(args.bundle)
-    manifest = json.loads((bundle / "manifest.json").read_text())
+    bundle, manifest = _load_bundle(args.bundle)
     probe = next(p for p in manifest["probes"] if p["name"] == args.name)
-    standalone.load_runtime(bundle / "runtime", cuda=True)
-    standalone.CubinStore(bundle / "cubins", manifest["arch"]).register()
     f = tvm_ffi.load_module(str(bundle / probe["lib"]))[probe["func"]]
     n, shift = probe["n"], probe["shift"]
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -580,8 +586,7 @@ def _run_case(bundle: Path, case: dict, zoo_cache: _Zoo, deadline: Deadline, arg
             ref, r["reference"] = zoo_cache.reference(case, feeds)
         else:
             r["reference"] = None if real else "none: some weights are random stand-ins (too large to carry)"
-    args_gpu = [tvm_ffi.from_dlpack(torch.from_numpy(np.array(feeds[s.name], order="C")).to("cuda"))
-                for s in specs] + [tvm_ffi.from_dlpack(p) for p in params]
+    args_gpu = _device_args(specs, feeds, params, torch, tvm_ffi)
 
     def once():
         return vm(*args_gpu)

@@ -19,13 +19,18 @@ from .errors import SouffleError
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _input_args(p: argparse.ArgumentParser) -> None:
+    """Which model, at which size, precision and input shapes (every command that imports one)."""
     p.add_argument("model", help="an ONNX file, or a zoo model name (see `souffle-tvm zoo list`)")
     p.add_argument("--small", action="store_true", help="zoo models: the small variant (same structure)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
                    help="zoo models: precision of weights and activations (bert and swin also in float16)")
     p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
                    help="fix the shapes of dynamic model inputs")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    _input_args(p)
     p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
                    help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
     p.add_argument("--level", default="v2",
@@ -141,7 +146,7 @@ def _tune_parser(sub) -> None:
                     "--database DIR; `souffle-tvm compile --fusion souffle --database DIR` applies them. "
                     "Measuring needs the target's hardware: llvm measures on this CPU; cuda needs a local GPU "
                     "or an RPC tracker with GPU servers (exit 2 otherwise).")
-    p.add_argument("model", help="an ONNX file, or a zoo model name (see `souffle-tvm zoo list`)")
+    _input_args(p)
     p.add_argument("--target", default="cuda", help="cuda (default sm_90), 'cuda -arch=sm_80', or llvm")
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_80 or sm_90 (default sm_90)")
     p.add_argument("--database", required=True, metavar="DIR",
@@ -153,11 +158,6 @@ def _tune_parser(sub) -> None:
     p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure on remote GPUs registered with this TVM RPC tracker (needs --rpc-key)")
     p.add_argument("--rpc-key", default=None, metavar="KEY", help="the device key the RPC servers registered with")
-    p.add_argument("--small", action="store_true", help="zoo models: the small variant (same structure)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
-                   help="zoo models: precision of weights and activations")
-    p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
-                   help="fix the shapes of dynamic model inputs")
     p.add_argument("--fusion-level", default="v2", choices=["v2", "v3"],
                    help="whose groups to tune: v2 kernels (default) or the v3 stages (after two-phase "
                         "reductions; a tuned v3 stage is used only if its thread count is the stitched kernel's)")
