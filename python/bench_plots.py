@@ -108,7 +108,8 @@ def ablation(result: dict, out: Path) -> Path:
     bottom.axhline(1.0, color="black", lw=0.8)
     bottom.set_ylabel("estimated latency / TVM's")
     bottom.set_xticks(range(len(rows)), [r["model"] for r in rows])
-    fig.suptitle("Ablation V0-V3 (V4 not built): launches and roofline-estimated H200 latency")
+    fig.suptitle("Ablation V0-V3 (V4 = V3's kernels + L2 prefetch: same figures): launches and "
+                 "roofline-estimated H200 latency")
     return _save(fig, out / "ablation.png")
 
 

@@ -142,7 +142,7 @@ def prepare(args) -> int:
     return 0
 
 
-VARIANTS = ("tvm", "souffle", "souffle-v2", "souffle-v1", "souffle-v0")
+VARIANTS = ("tvm", "souffle", "souffle-v4", "souffle-v2", "souffle-v1", "souffle-v0")
 
 
 def _steps(args) -> list[tuple[str, str, str, str]]:
@@ -712,7 +712,8 @@ def main() -> int:
     p.add_argument("--models", nargs="*", default=zoo.names())
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
     p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=VARIANTS,
-                   help="souffle = level v3 (stitched); souffle-v0..v2 = the ablation levels")
+                   help="souffle = level v3 (stitched); souffle-v4 = v3 + L2 prefetch; "
+                        "souffle-v0..v2 = the ablation levels")
     p.add_argument("--ablation-sizes", nargs="*", default=["full"], choices=["small", "full"],
                    help="sizes at which souffle-v0..v2 are built")
     p.add_argument("--fp32", nargs="*", default=[], help="models also built in float32 (bert, swin: paper fp16)")

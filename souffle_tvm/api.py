@@ -253,7 +253,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
     is the Souffle pipeline at ``level`` (v0: no transforms; v1: + horizontal; v2: + vertical,
     one kernel per anchor group; v3: + subprograms stitched into cooperative kernels, whose
-    grids a second build widens to what ptxas' figures let be co-resident). A model that cannot be
+    grids a second build widens to what ptxas' figures let be co-resident; v4: + each stitched
+    kernel prefetches its next segment's inputs into L2). A model that cannot be
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
     ``gemm_k_tile`` (v3, CUDA) sets the K tile of stitched GEMM stages (default 16); tiles over
     48 KB go to dynamic shared memory. ``partitioner`` (v3): "budget" (resource-aware, the
@@ -276,7 +277,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     souffle, fallback = None, None
     if fusion == "souffle":
         progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
-                      + (", stitch" if level == "v3" else ""))
+                      + (", stitch" if level in pipeline.STITCHING_LEVELS else ""))
         try:
             souffle = pipeline.run(imported.mod, tgt, imported.params, level=level, gemm_k_tile=gemm_k_tile,
                                    partitioner=partitioner, reduction=reduction, database=tuned,
@@ -336,6 +337,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                 sk = next((k for k in souffle.stitched if k.function == kr.primfunc), None)
                 if sk is not None:
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
+                    kr.prefetched_bytes = sk.prefetched_bytes or None
                     kr.bytes = sum(result.footprints[sk.function].values())
             if database is not None:
                 report.database = database

@@ -35,7 +35,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
     p.add_argument("--level", default="v2",
                    help="souffle pipeline level: v0 no transforms, v1 + horizontal, v2 + vertical (default), "
-                        "v3 + two-phase reductions and stitched cooperative kernels")
+                        "v3 + two-phase reductions and stitched cooperative kernels, "
+                        "v4 + L2 prefetch of each stitched kernel's next-segment inputs")
     p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
                    help="v3 on CUDA: K tile of the stitched GEMM stages (default 16); "
                         "tiles over 48 KB go to dynamic shared memory")

@@ -193,7 +193,7 @@ class _ScheduleCache:
 
 LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
                   "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
-                  "v2": ["souffle.TwoPhaseReduction"], "v3": []}
+                  "v2": ["souffle.TwoPhaseReduction"], "v3": [], "v4": []}
 
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802

@@ -3,7 +3,10 @@
 ``level`` selects the paper's ablation level by turning passes off by name:
 v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, no grid sync),
 v3 + stitching: each subprogram of groups becomes ONE cooperative kernel with grid syncs
-(CUDA only; on llvm, the CPU twin, v3 builds the same groups as loop nests).
+(CUDA only; on llvm, the CPU twin, v3 builds the same groups as loop nests),
+v4 + cross-stage optimisation: each stitched kernel prefetches the inputs of its next segment
+into L2 while the current one computes (``prefetch``; on llvm v4 is v3). Shared memory is
+reused across stages already at v3 (TVM's storage planning of the stitched kernel).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .transforms.two_phase import TwoPhaseResult
 from .transforms.vertical import VerticalResult
 
 LEVELS = tuple(passes.LEVEL_DISABLES)
+STITCHING_LEVELS = ("v3", "v4")
 
 
 @dataclass
@@ -40,6 +44,7 @@ class SouffleModule:
     partitioner: str = "budget"
     forced: dict = field(default_factory=dict)         # group index -> why a boundary must follow it
     estimated_grids: bool = False                      # first grids from the static estimate (checked later)
+    prefetch: bool = False                             # V4: L2 prefetch of the next segment's inputs
 
 
 STITCH_BLOCK = 256  # one block size for every stage of a stitched kernel
@@ -75,7 +80,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     # as itself (exceptions crossing TVM's FFI come back as RuntimeError) and the caller can
     # fall back to TVM's path; the transforms then run as the passes users compose.
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
-    stitching = level == "v3" and is_cuda(target)
+    stitching = level in STITCHING_LEVELS and is_cuda(target)
     with tvm.transform.PassContext(opt_level=3, disabled_pass=passes.LEVEL_DISABLES[level]):
         out = passes.SoufflePipeline(target, params, lower=False, block_size=STITCH_BLOCK if stitching else None,
                                      gemm_k_tile=gemm_k_tile if stitching else None,
@@ -88,6 +93,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str =
     if stitching:
         result.partitioner = partitioner
         result.estimated_grids = estimated_grids
+        result.prefetch = level == "v4"
         _stitch(result, target)
     return result
 
@@ -162,7 +168,7 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
     result.unstitched = result.mod
     result.mod, result.stitched = stitch.stitch_module(
         result.mod, target, [[call_index[i] for i in idx if i in call_index] for idx, _ in subs],
-        grid=gpu.sms, block=STITCH_BLOCK, grids=grids)
+        grid=gpu.sms, block=STITCH_BLOCK, grids=grids, prefetch_l2=gpu.l2_bytes if result.prefetch else None)
     result.subprograms = subs
 
 

@@ -57,6 +57,7 @@ class KernelReport:
     max_coresident: int | None = None    # cooperative kernels: blocks that fit at once (ptxas + occupancy)
     schedule: str | None = None          # with a tuning database: "database", "default: <rule>", or per stage
     schedule_note: str | None = None     # why a database record was not used
+    prefetched_bytes: int | None = None  # V4 stitched kernels: inputs prefetched into L2 ahead of their segment
 
 
 @dataclass

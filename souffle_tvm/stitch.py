@@ -170,6 +170,11 @@ def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
 
 
 STAGE_BLOCKS, STAGE_THREADS = "souffle.stage_blocks", "souffle.stage_threads"   # stage loop annotations
+PREFETCH = "souffle.prefetch"    # a V4 L2 prefetch loop (``prefetch``): a hint, no semantics
+
+
+def is_prefetch(stmt) -> bool:
+    return isinstance(stmt, tirx.For) and PREFETCH in stmt.annotations
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
@@ -345,6 +350,13 @@ def replace_stages(func: tirx.PrimFunc, seq: list) -> tirx.PrimFunc:
     return tirx.PrimFunc(func.params, body, attrs=func.attrs)
 
 
+def strip_prefetch(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` without its V4 prefetch loops (the emulator's view: they have no semantics)."""
+    seq = stage_loops(func)
+    kept = [s for s in seq if not is_prefetch(s)]
+    return func if len(kept) == len(seq) else replace_stages(func, kept)
+
+
 def is_grid_sync(stmt) -> bool:
     return isinstance(stmt, tirx.Evaluate) and op_name(stmt.value) == GRID_SYNC
 
@@ -356,7 +368,7 @@ def _launch_vars(func) -> set:
     return names
 
 
-def _launch_var(func, tag: str):
+def launch_var(func, tag: str):
     node = func.body
     while isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
         if node.node.thread_tag == tag:
@@ -392,8 +404,8 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
     3. the grid fits the co-resident limit (when it is known).
     """
     problems = []
-    bid, launched = _launch_var(func, "blockIdx.x")
-    tid, _ = _launch_var(func, "threadIdx.x")
+    bid, launched = launch_var(func, "blockIdx.x")
+    tid, _ = launch_var(func, "threadIdx.x")
     written: list = []          # (param, view, block barriers seen when written) since the last grid sync
     touched: list = []          # params read or written since the last grid sync
     stages = syncs = barriers = 0
@@ -404,6 +416,8 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
             continue
         if dependence.is_block_barrier(stmt):
             barriers += 1
+            continue
+        if is_prefetch(stmt):
             continue
         stages += 1
         view = stage_view(stmt, bid, tid, launched) if bid is not None and tid is not None else None
@@ -457,11 +471,13 @@ class StitchedKernel:
     max_blocks: int = 0            # the most blocks any stage has: more grid would idle
     function: str = ""             # the PrimFunc it calls: identical kernels (repeated layers) share one
     refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
+    prefetched_bytes: int = 0      # V4: bytes of inputs prefetched into L2 ahead of the segment reading them
 
 
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
                   block: int = 256, coresident: int | None = None,
-                  grids: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  grids: dict[str, int] | None = None,
+                  prefetch_l2: int | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
@@ -471,6 +487,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
     stages has (more would idle at every grid sync); ``coresident``, when known, is checked
     against it (the pipeline leaves it to the build, which has ptxas' figures).
+    ``prefetch_l2`` (V4): the L2 bytes of the GPU; each kernel then prefetches the inputs of
+    its next segment into L2 while the current one computes (``prefetch``).
     """
     from tvm import relax
 
@@ -513,7 +531,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         calls = [bindings[call_pos[j]] for j in subprograms[k]]
                         name = f"souffle_stitched_{k}"
                         kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls), env,
-                                                      (grids or {}).get(name, grid), block, coresident, name))
+                                                      (grids or {}).get(name, grid), block, coresident, name,
+                                                      prefetch_l2))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -547,7 +566,8 @@ def _aliases(bindings, calls) -> dict:
     return out
 
 
-def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident, name) -> StitchedKernel:
+def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident, name,
+                   prefetch_l2=None) -> StitchedKernel:
     from tvm import relax
 
     # Keys: a produced tensor is (binding position, field); an input is its Relax expression.
@@ -580,6 +600,11 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
     safety = check(func, grid, coresident)
     if not safety.ok:
         raise StitchError(f"{name}: unsafe stitched kernel: {'; '.join(safety.problems)}")
+    planted = []
+    if prefetch_l2:
+        from . import prefetch
+
+        func, planted = prefetch.plant(func, prefetch_l2)
     gv = bb.add_func(func.without_attr("global_symbol"), name)
     sinfo = [relax.TensorType([int(d) for d in t.shape], t.dtype) for t in types]
     call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
@@ -591,7 +616,8 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
             if isinstance(key, tuple) and key[1] == pos:
                 env[alias] = items[key]
     return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety,
-                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint)
+                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint,
+                          prefetched_bytes=sum(p.bytes for p in planted))
 
 
 class _Key:

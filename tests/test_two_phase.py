@@ -101,8 +101,8 @@ def test_a_removed_block_barrier_is_caught(stitched):
 def test_a_partial_reading_the_next_blocks_tile_needs_a_grid_sync(stitched):
     _, s = stitched
     func = s.mod[s.stitched[0].name]
-    bid, grid = stitch._launch_var(func, "blockIdx.x")
-    tid, _ = stitch._launch_var(func, "threadIdx.x")
+    bid, grid = stitch.launch_var(func, "blockIdx.x")
+    tid, _ = stitch.launch_var(func, "threadIdx.x")
     loops = [x for x in stitch.stage_loops(func) if isinstance(x, tirx.For)]
     gemm, part = (stitch.stage_view(x, bid, tid, grid) for x in loops[:2])
     buf = next(p for p in func.params if p.name == "matmul")

@@ -1,0 +1,103 @@
+"""V4: stitched kernels prefetch the next segment's inputs into L2 while the current one computes.
+
+The prefetches must be placed one segment ahead of their first reader, cover only buffers the
+kernel never writes, stay within the L2 share, reach the CUDA source as ``prefetch.global.L2``,
+and change nothing the kernel computes (emulated against onnxruntime)."""
+
+import pytest
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from souffle_tvm import api, emulate, hardware, pipeline, prefetch, runner, stitch
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+
+CUDA = make_target("cuda")
+
+
+@pytest.fixture(scope="module")
+def bert_v4():
+    m = import_onnx("bert", small=True, dtype="float32")
+    return m, pipeline.run(m.mod, CUDA, m.params, level="v4")
+
+
+def _buffers_read(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, (tvm.ir.TensorLoad, lambda x: found.append(x.source)))
+    return found
+
+
+def _prefetched(stmt):
+    """The buffer a prefetch loop covers."""
+    return _buffers_read(stmt)[0]
+
+
+def test_prefetches_run_one_segment_ahead_of_their_first_reader(bert_v4):
+    _, souffle = bert_v4
+    func = souffle.mod[souffle.stitched[0].function]
+    seq = stitch.stage_loops(func)
+    loops = [i for i, s in enumerate(seq) if stitch.is_prefetch(s)]
+    assert loops, "no prefetch planted"
+    segment_of, seg = [], 0
+    for s in seq:
+        seg += stitch.is_grid_sync(s)
+        segment_of.append(seg)
+    stages = [i for i, s in enumerate(seq) if not stitch.is_prefetch(s) and not stitch.is_grid_sync(s)]
+    stored = []
+    for i in stages:
+        tvm_ffi.structural_walk(seq[i], (tirx.BufferStore, lambda x: stored.append(x.buffer)))
+    for i in loops:
+        buf = _prefetched(seq[i])
+        assert not any(buf.same_as(b) for b in stored), f"{buf.name} is written by the kernel"
+        readers = [j for j in stages if any(buf.same_as(b) for b in _buffers_read(seq[j]))]
+        assert readers, f"{buf.name} is prefetched but never read"
+        assert segment_of[readers[0]] == segment_of[i] + 1, f"{buf.name}: not one segment ahead of its first reader"
+    planned = prefetch.plan(stitch.strip_prefetch(func), hardware.for_arch("sm_90").l2_bytes)
+    assert len(planned) == len(loops)
+    assert souffle.stitched[0].prefetched_bytes == sum(p.bytes for p in planned) > 0
+
+
+def test_the_l2_share_caps_what_one_segment_prefetches(bert_v4):
+    _, souffle = bert_v4
+    func = stitch.strip_prefetch(souffle.mod[souffle.stitched[0].function])
+    full = prefetch.plan(func, 60 * 2**20)
+    largest = max(p.bytes for p in full)
+    capped = prefetch.plan(func, int(largest / prefetch.L2_SHARE) - 1)    # the largest no longer fits
+    assert all(p.bytes < largest for p in capped)
+    per_segment: dict = {}
+    for p in capped:
+        per_segment[p.segment] = per_segment.get(p.segment, 0) + p.bytes
+    assert max(per_segment.values()) <= (largest / prefetch.L2_SHARE - 1) * prefetch.L2_SHARE
+    assert prefetch.plan(func, 0) == []
+
+
+def test_v4_emulated_matches_the_reference_and_v3_kernel_count():
+    m = import_onnx("mmoe", small=True, dtype="float32")
+    souffle = pipeline.run(m.mod, CUDA, m.params, level="v4")
+    assert sum(k.prefetched_bytes for k in souffle.stitched) > 0
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
+    v3 = pipeline.run(m.mod, CUDA, m.params, level="v3")
+    assert [k.stages for k in v3.stitched] == [k.stages for k in souffle.stitched]
+    assert all(k.prefetched_bytes == 0 for k in v3.stitched)
+
+
+def test_v4_cuda_source_issues_l2_prefetches_and_the_report_counts_them():
+    c = api.compile("mmoe", "cuda", "souffle", small=True, level="v4", nvcc=False)
+    assert "prefetch.global.L2" in c.cuda_source
+    assert sum(k.prefetched_bytes or 0 for k in c.report.kernels) > 0
+    v3 = api.compile("mmoe", "cuda", "souffle", small=True, level="v3", nvcc=False)
+    assert "prefetch.global.L2" not in v3.cuda_source
+    assert v3.report.launches == c.report.launches
+
+
+def test_v4_on_the_cpu_twin_is_v3():
+    llvm = make_target("llvm")
+    m = import_onnx("mmoe", small=True, dtype="float32")
+    v4 = pipeline.run(m.mod, llvm, m.params, level="v4")
+    assert not v4.stitched and not v4.prefetch
