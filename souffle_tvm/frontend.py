@@ -18,7 +18,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import onnx_fold, onnx_rnn
+from . import onnx_control, onnx_fold, onnx_rnn
 from .errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
 _NP_DTYPES = {
@@ -200,7 +200,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     if fold and onnx_fold.needs_folding(model):
         converted = onnx_fold.fold(model, {i.name: i.shape for i in inputs})
     elif fold:  # nothing to fold, but data-dependent shapes still get a clear error, not TVM's
-        onnx_fold.check_control_flow(model)
+        onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
     try:

@@ -156,15 +156,24 @@ def test_loop_with_run_time_trip_count_names_the_node():
         import_onnx(_loop_model(True), shapes={"x": (2, 3)})
 
 
-def test_scan_is_named():
-    body = helper.make_graph([helper.make_node("Add", ["s", "xi"], ["s2"]), helper.make_node("Identity", ["s2"], ["yi"])],
-                             "body", [helper.make_tensor_value_info("s", F, [3]), helper.make_tensor_value_info("xi", F, [3])],
-                             [helper.make_tensor_value_info("s2", F, [3]), helper.make_tensor_value_info("yi", F, [3])])
-    node = helper.make_node("Scan", ["s0", "x"], ["sN", "ys"], name="the_scan", body=body, num_scan_inputs=1)
-    model = _model([node], [helper.make_tensor_value_info("s0", F, [3]), helper.make_tensor_value_info("x", F, [4, 3])],
-                   [helper.make_tensor_value_info("sN", F, [3]), helper.make_tensor_value_info("ys", F, [4, 3])])
-    with pytest.raises(UnsupportedOperatorError, match=r"'the_scan' \(Scan\)"):
-        import_onnx(model)
+def test_loop_body_with_if_on_the_counter_reads_each_copys_values():
+    """acc = acc + x, doubled on the first iteration only: If(i == 0) inside the body, whose branches
+    read the body's ``pre``. Only after unrolling is the condition constant; each copy's inlined
+    branch must then read that copy's ``pre``."""
+    then_g = helper.make_graph([helper.make_node("Mul", ["pre", "two"], ["t"])], "then", [], [_out("t", 2)],
+                               [_const("two", np.float32(2))])
+    else_g = helper.make_graph([helper.make_node("Identity", ["pre"], ["e"])], "else", [], [_out("e", 2)])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["acc", "x"], ["pre"]),
+         helper.make_node("Equal", ["i", "zero"], ["first"]),
+         helper.make_node("If", ["first"], ["acc_out"], then_branch=then_g, else_branch=else_g)],
+        "body", [helper.make_tensor_value_info("i", I64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []), _out("acc", 2)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _out("acc_out", 2)])
+    nodes = [helper.make_node("Loop", ["trips", "true", "x"], ["final"], name="the_loop", body=body)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3])], [_out("final", 2)],
+                   [_const("trips", np.int64(3)), _const("zero", np.int64(0)), _const("true", np.bool_(True))])
+    assert "If" not in str(check(model, {"x": (2, 3)}).model.mod)
 
 
 def test_external_data_loads_and_missing_data_file_is_clear(tmp_path):
