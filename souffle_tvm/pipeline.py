@@ -5,7 +5,7 @@ v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, n
 v3 + stitching: each subprogram of groups becomes ONE cooperative kernel with grid syncs
 (CUDA only; on llvm, the CPU twin, v3 builds the same groups as loop nests),
 v4 + cross-stage optimisation: each stitched kernel prefetches the inputs of its next segment
-into L2 while the current one computes (``prefetch``; on llvm v4 is v3). Shared memory is
+into L2 before the grid sync that precedes it (``prefetch``; on llvm v4 is v3). Shared memory is
 reused across stages already at v3 (TVM's storage planning of the stitched kernel).
 """
 

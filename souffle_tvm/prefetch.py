@@ -1,13 +1,18 @@
-"""V4's cross-stage optimisation: the next stages' inputs are prefetched into L2 while the
-current stage computes.
+"""V4's cross-stage optimisation: the next segment's inputs are prefetched into L2 before the
+grid sync that separates them.
 
 In a stitched kernel the stages between two grid syncs (a *segment*) cannot start before the
 sync, but the buffers they read from outside the kernel (weights, the inputs of the model or
-of an earlier kernel) do not depend on anything the kernel computes. So at the start of each
-segment every thread of the grid issues ``prefetch.global.L2`` for its share of the 128-byte
-lines of the inputs the *next* segment reads first: their DRAM traffic overlaps this
-segment's work and the wait at the sync, and the next segment finds them in L2 (the paper's
-"prefetch the next GEMM's weights while the current stage computes").
+of an earlier kernel) do not depend on anything the kernel computes. So each block, once done
+with its share of a segment, issues ``prefetch.global.L2`` for its share of the 128-byte lines
+of the inputs the *next* segment reads first, then waits at the sync: that DRAM traffic
+overlaps the wait for the slowest block and the sync itself, and the next segment finds its
+weights in L2 (the paper's "tiles prefetched before the grid sync").
+
+Why at the end of a segment rather than its start: there the stages' registers are dead.
+Planted at the start, the prefetch loops pushed ResNeXt-101's stitched kernels into ptxas
+spills (28-152 B), and the ptxas feedback split them (6 -> 8 launches); at the end the
+kernels keep V3's 80 registers, no spills, and V3's 6 launches.
 
 A prefetch is a hint with no semantics: results are unchanged, the stitching checks and the
 emulator ignore it (``stitch.is_prefetch``). The lines one segment prefetches are capped at a share of
@@ -32,7 +37,7 @@ L2_SHARE = 0.5                       # at most this share of L2 prefetched ahead
 
 @dataclass(frozen=True)
 class Prefetch:
-    segment: int        # the segment whose start issues it (it is read first by segment + 1)
+    segment: int        # the segment whose end issues it (it is read first by segment + 1)
     buffer: tirx.Buffer
     bytes: int
 
@@ -81,7 +86,7 @@ def plan(func: tirx.PrimFunc, l2_bytes: int) -> list[Prefetch]:
         fresh = [p for p in reads if not any(p.same_as(q) for q in seen)]
         seen += fresh
         if s == 0:
-            continue      # nothing runs before the kernel's first segment to overlap with
+            continue      # the first segment's inputs: nothing runs before it to overlap with
         budget = int(l2_bytes * L2_SHARE)
         for p in fresh:
             size = tir_stats.buffer_bytes(p)
@@ -94,23 +99,21 @@ def plan(func: tirx.PrimFunc, l2_bytes: int) -> list[Prefetch]:
 def _prefetch_loop(buf, gid, threads: int) -> tirx.Stmt:
     """Thread ``gid`` of ``threads`` prefetches lines gid, gid + threads, ... of ``buf``."""
     i64 = lambda v: tirx.const(v, "int64")  # noqa: E731
-    shape = [int(d) for d in buf.ty.shape]
+    numel = math.prod(int(d) for d in buf.ty.shape)
     per_line = max(LINE_BYTES // tir_stats.dtype_bytes(buf.ty.dtype), 1)
-    lines = math.ceil(math.prod(shape) / per_line)
+    lines = math.ceil(numel / per_line)
+    # A flat view of the same memory: a line's address is one multiply, where the buffer's own
+    # shape would cost a division per dimension (and registers the stages around need).
+    flat = tirx.decl_buffer((numel,), buf.ty.dtype, buf.name + "_lines", data=buf.data)
     j = tirx.Var("pf", "int64")
-    elem = (gid + j * i64(threads)) * i64(per_line)
-    index, rest = [], elem
-    for d in reversed(shape):
-        index.append(tirx.floormod(rest, i64(d)))
-        rest = tirx.floordiv(rest, i64(d))
-    call = _ptx()["prefetch.global.L2"](tirx.address_of(tirx.BufferLoad(buf, list(reversed(index)))))
+    call = _ptx()["prefetch.global.L2"](tirx.address_of(tirx.BufferLoad(flat, [(gid + j * i64(threads)) * i64(per_line)])))
     trip = tirx.floordiv(i64(lines) - gid + i64(threads - 1), i64(threads))
-    return tirx.For(j, i64(0), trip, tirx.ForKind.SERIAL, tirx.Evaluate(call),
-                    annotations={PREFETCH: i64(tir_stats.buffer_bytes(buf))})
+    body = tirx.SeqStmt([tirx.DeclBuffer(flat, data=buf.data), tirx.Evaluate(call)])
+    return tirx.For(j, i64(0), trip, tirx.ForKind.SERIAL, body, annotations={PREFETCH: i64(tir_stats.buffer_bytes(buf))})
 
 
 def plant(func: tirx.PrimFunc, l2_bytes: int) -> tuple[tirx.PrimFunc, list[Prefetch]]:
-    """``func`` (a stitched kernel) with the prefetches of ``plan`` at the start of each segment."""
+    """``func`` (a stitched kernel) with the prefetches of ``plan`` just before each grid sync."""
     todo = plan(func, l2_bytes)
     if not todo:
         return func, []
@@ -121,14 +124,12 @@ def plant(func: tirx.PrimFunc, l2_bytes: int) -> tuple[tirx.PrimFunc, list[Prefe
     planted: dict[int, list] = {}
     for pf in todo:
         planted.setdefault(pf.segment, []).append(_prefetch_loop(pf.buffer, gid, grid * block))
-    out, sync_count = [], 0
-    if 0 in planted:
-        out += planted[0]
+    out, segment = [], 0
     for stmt in seq:
-        out.append(stmt)
         if stitch.is_grid_sync(stmt):
-            sync_count += 1
-            out += planted.get(sync_count, [])
+            out += planted.get(segment, [])
+            segment += 1
+        out.append(stmt)
     return stitch.replace_stages(func, out), todo
 
 

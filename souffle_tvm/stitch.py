@@ -488,7 +488,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     stages has (more would idle at every grid sync); ``coresident``, when known, is checked
     against it (the pipeline leaves it to the build, which has ptxas' figures).
     ``prefetch_l2`` (V4): the L2 bytes of the GPU; each kernel then prefetches the inputs of
-    its next segment into L2 while the current one computes (``prefetch``).
+    its next segment into L2 before the grid sync that precedes it (``prefetch``).
     """
     from tvm import relax
 
