@@ -175,9 +175,10 @@ class _ScheduleCache:
         """None when the group schedules as well as its anchor does alone; else why not."""
         func, _ = emit.group_primfunc(group, outputs)
         try:
-            rule = self(func).rule
+            done = self(func)
         except schedule.ScheduleError as err:
             return str(err)
+        rule = done.rule
         anchor = group.anchor
         if anchor is None or len(group.members) == 1:
             return None
@@ -187,7 +188,11 @@ class _ScheduleCache:
         except schedule.ScheduleError:
             return None
         if schedule.RANK[rule] < schedule.RANK[anchor_rule]:
-            return f"fused, dlight schedules it with {rule}; the anchor alone gets {anchor_rule}"
+            # why the anchor's rule did not take the fused group, when it said so (notes are
+            # "Rule: why" joined by "; ")
+            why = [n for n in done.notes.split("; ") if n.split(":")[0] in (anchor_rule, f"{anchor_rule}256")]
+            because = f" ({why[0]})" if why else ""
+            return f"fused, dlight schedules it with {rule}{because}; the anchor alone gets {anchor_rule}"
         return None
 
 
