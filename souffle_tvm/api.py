@@ -291,9 +291,16 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         over = _over_budget(report, souffle, str(tgt.attrs["arch"])) if report.nvcc.get("available") else {}
         if not over:
             break
-        progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
-                      MAX_FEEDBACK_ROUNDS)
-        souffle = pipeline.split(souffle, tgt, over)
+        prefetching = {k.function for k in souffle.stitched if k.function in over and k.prefetched_bytes}
+        if prefetching:
+            # V4's prefetch loops are what the kernel gives up first: V3's form of it may fit
+            progress.step(f"ptxas feedback: dropping the L2 prefetch of {len(prefetching)} kernel(s) that did "
+                          "not fit with it", round_ + 1, MAX_FEEDBACK_ROUNDS)
+            souffle = pipeline.drop_prefetch(souffle, tgt, prefetching)
+        else:
+            progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
+                          MAX_FEEDBACK_ROUNDS)
+            souffle = pipeline.split(souffle, tgt, over)
         result, report, src = _build(imported, souffle, tgt, nvcc)
         nvcc_seconds += report.nvcc.get("seconds", 0.0)
     if souffle is not None and souffle.stitched and report.nvcc.get("available"):

@@ -45,6 +45,7 @@ class SouffleModule:
     forced: dict = field(default_factory=dict)         # group index -> why a boundary must follow it
     estimated_grids: bool = False                      # first grids from the static estimate (checked later)
     prefetch: bool = False                             # V4: L2 prefetch of the next segment's inputs
+    no_prefetch: set = field(default_factory=set)      # V4: kernels (by name) that spilled with it
 
 
 STITCH_BLOCK = 256  # one block size for every stage of a stitched kernel
@@ -109,6 +110,17 @@ def restitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, 
     return again
 
 
+def drop_prefetch(result: SouffleModule, target: tvm.target.Target, functions: set[str]) -> SouffleModule:
+    """Schedule feedback at V4: the stitched kernels calling ``functions`` (which ptxas found
+    over budget with their prefetch loops) are stitched again without them, before any split."""
+    import dataclasses
+
+    names = {k.name for k in result.stitched if k.function in functions and k.prefetched_bytes}
+    again = dataclasses.replace(result, mod=result.unstitched, no_prefetch=result.no_prefetch | names)
+    _stitch(again, target)
+    return again
+
+
 def split(result: SouffleModule, target: tvm.target.Target, why: dict[str, str]) -> SouffleModule:
     """Schedule feedback: every subprogram whose stitched kernel is in ``why`` (``{kernel
     function: what ptxas found}``) is cut in two, where the fewest extra bytes cross, and the
@@ -168,7 +180,8 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
     result.unstitched = result.mod
     result.mod, result.stitched = stitch.stitch_module(
         result.mod, target, [[call_index[i] for i in idx if i in call_index] for idx, _ in subs],
-        grid=gpu.sms, block=STITCH_BLOCK, grids=grids, prefetch_l2=gpu.l2_bytes if result.prefetch else None)
+        grid=gpu.sms, block=STITCH_BLOCK, grids=grids, prefetch_l2=gpu.l2_bytes if result.prefetch else None,
+        no_prefetch=result.no_prefetch)
     result.subprograms = subs
 
 

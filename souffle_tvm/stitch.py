@@ -477,7 +477,8 @@ class StitchedKernel:
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
                   block: int = 256, coresident: int | None = None,
                   grids: dict[str, int] | None = None,
-                  prefetch_l2: int | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  prefetch_l2: int | None = None,
+                  no_prefetch: set | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
@@ -488,7 +489,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     stages has (more would idle at every grid sync); ``coresident``, when known, is checked
     against it (the pipeline leaves it to the build, which has ptxas' figures).
     ``prefetch_l2`` (V4): the L2 bytes of the GPU; each kernel then prefetches the inputs of
-    its next segment into L2 before the grid sync that precedes it (``prefetch``).
+    its next segment into L2 before the grid sync that precedes it (``prefetch``), except the
+    kernels named in ``no_prefetch``.
     """
     from tvm import relax
 
@@ -532,7 +534,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         name = f"souffle_stitched_{k}"
                         kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls), env,
                                                       (grids or {}).get(name, grid), block, coresident, name,
-                                                      prefetch_l2))
+                                                      None if name in (no_prefetch or ()) else prefetch_l2))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue

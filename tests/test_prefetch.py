@@ -105,3 +105,16 @@ def test_v4_on_the_cpu_twin_is_v3():
     m = import_onnx("mmoe", small=True, dtype="float32")
     v4 = pipeline.run(m.mod, llvm, m.params, level="v4")
     assert not v4.stitched and not v4.prefetch
+
+
+def test_feedback_drops_the_prefetch_of_a_kernel_before_splitting_it(bert_v4):
+    """ptxas feedback at V4: a kernel over budget first loses its prefetch loops (V3's form of
+    it), keeping its subprogram; only what still does not fit is split."""
+    _, souffle = bert_v4
+    k = souffle.stitched[0]
+    again = pipeline.drop_prefetch(souffle, CUDA, {k.function})
+    assert again.subprograms == souffle.subprograms
+    assert again.no_prefetch == {k.name}
+    (k2,) = [x for x in again.stitched if x.name == k.name]
+    assert k2.prefetched_bytes == 0
+    assert not any(stitch.is_prefetch(s) for s in stitch.stage_loops(again.mod[k2.function]))
