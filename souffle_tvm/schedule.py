@@ -34,7 +34,7 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"database": 3, "Matmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def _rules(block_size: int | None, gemm_k_tile: int | None = None):
@@ -46,8 +46,10 @@ def _rules(block_size: int | None, gemm_k_tile: int | None = None):
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size != 256:
         raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
-    return [AtomicRows(), PartialRows(), _Matmul256(gemm_k_tile or MATMUL_K_TILE), dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback()]
+    from .tensorcore import TensorCoreMatmul
+
+    return [AtomicRows(), PartialRows(), TensorCoreMatmul(), _Matmul256(gemm_k_tile or MATMUL_K_TILE),
+            dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.

@@ -1,0 +1,159 @@
+"""Tensor-core GEMM stages that fit a stitched kernel's 256 threads.
+
+dlight's ``MatmulTensorization`` (the rule its ``Matmul`` hands fp16 GEMMs to on sm_70+) fixes
+its warp grid at 4 x 4 = 16 warps, 512 threads, inside one long ``apply``: an fp16 model's
+GEMMs then cannot join a 256-thread stitched kernel, and every one of them ends a subprogram
+(BERT-base fp16: 84 kernels instead of fp32's 12). This is that rule with the warp grid as
+a parameter, 2 x 4 warps by default: a block computes a 64 x 128 tile (dlight's: 128 x 128)
+with the same wmma 16x16x16 fragments, the same 2 x 2 fragments per warp, the same K tile
+of 64 and the same two-stage software pipeline through dynamic shared memory. The schedule
+steps are dlight's (tvm/s_tir/dlight/gpu/matmul.py, MatmulTensorization.apply), unchanged
+but for the factors and a guard against GEMMs too small for tensor cores (the test dlight's
+``Matmul`` applies before handing over).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+# wmma fragment, and the smallest GEMM dimension dlight's Matmul still tensorizes
+MICRO = 16
+MIN_EXTENT = 64
+
+
+class TensorCoreMatmul:
+    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with ``warps_m x warps_n`` warps."""
+
+    def __init__(self, warps_m: int = 2, warps_n: int = 4, frags: int = 2, k_frags: int = 4):
+        self.warps_m, self.warps_n, self.frags, self.k_frags = warps_m, warps_n, frags, k_frags
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tune: bool):  # noqa: C901 - dlight's steps
+        from tvm.s_tir.dlight.analysis import get_root_block
+        from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers,
+                                                 get_in_out_dtypes, get_index_map, get_reduction_blocks)
+        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+        arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
+        if not arch.startswith("sm_") or int(arch[3:]) < 70 or "dlight.do_not_tensorize" in func.attrs.keys():
+            return None
+        sch = s_tir.Schedule(func)
+        reduction_blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if reduction_blocks is None or get_index_map(sch.get(reduction_blocks[0])) is None:
+            return None
+        if get_in_out_dtypes(sch.get(reduction_blocks[0])) not in (("float16", "float16"), ("float16", "float32")):
+            return None
+
+        warp_size, vector_size = 32, 4
+        i_factors = [None, 1, self.warps_m, self.frags]
+        j_factors = [1, None, self.warps_n, self.frags]
+        k_factors = [None, self.k_frags]
+        num_ty = self.warps_m * self.warps_n
+
+        # Normalize to C[S, I, J] += A[S, I, K] * B[S, J, K]
+        main_block = reduction_blocks[0]
+        reindex_a = sch.reindex(main_block, ("read", 0))
+        reindex_b = sch.reindex(main_block, ("read", 1))
+        reindex_c = sch.reindex(main_block, ("write", 0))
+        matmul_index_map, a_index_map, b_index_map, c_index_map = get_index_map(sch.get(main_block))
+        sch.transform_layout(reindex_a, ("write", 0), a_index_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_index_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_index_map)
+        sch.transform_block_layout(main_block, matmul_index_map)
+        for iv in sch.get(main_block).iter_vars[1:]:
+            if isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value <= MIN_EXTENT:
+                return None      # too small for tensor cores: the SIMT rule takes it
+
+        sch.pad_einsum(main_block, [1, MICRO * self.warps_m * self.frags, MICRO * self.warps_n * self.frags,
+                                    MICRO * self.k_frags])
+        block = main_block
+        batch, i, j, k = sch.get_loops(block)
+        i, i_inner = sch.split(i, factors=[None, MICRO])
+        j, j_inner = sch.split(j, factors=[None, MICRO])
+        k, k_inner = sch.split(k, factors=[None, MICRO])
+        sch.reorder(i, j, k, i_inner, j_inner, k_inner)
+        block_inner = block
+        block_outer = sch.blockize(i_inner)
+        i0, i1, i2, i3 = sch.split(i, factors=i_factors)
+        j0, j1, j2, j3 = sch.split(j, factors=j_factors)
+        k0, k1 = sch.split(k, k_factors)
+        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
+        block_idx = sch.fuse(i0, j0)
+        block_idy = sch.fuse(i1, j1)
+        thread_idy = sch.fuse(j2, i2)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(block_idx, "blockIdx.x")
+        sch.bind(block_idy, "blockIdx.y")
+        sch.bind(thread_idy, "threadIdx.y")
+
+        def fetch_to_shared(blk, idx, ndim):
+            block_read = sch.cache_read(blk, idx, "shared.dyn")
+            sch.compute_at(block_read, k0)
+            fused = sch.fuse(*sch.get_loops(block_read)[-ndim:])
+            _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, vector_size])
+            sch.bind(f_2, "threadIdx.x")
+            sch.bind(f_1, "threadIdx.y")
+            sch.vectorize(f_3)
+            sch.storage_align(block_read, 0, axis=-2, factor=16, offset=8)
+            sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(block_read, "double_buffer_scope", 0)
+            return block_read
+
+        a_g2s = fetch_to_shared(block_outer, 0, 2)
+        b_g2s = fetch_to_shared(block_outer, 1, 2)
+        auto_inline_producers(sch, a_g2s)
+        auto_inline_producers(sch, b_g2s)
+
+        a_mat = sch.cache_read(block_outer, 0, "wmma.matrix_a")
+        b_mat = sch.cache_read(block_outer, 1, "wmma.matrix_b")
+        sch.compute_at(a_mat, k1)
+        sch.compute_at(b_mat, k1)
+        acc_shared = sch.cache_write(block_outer, 0, "shared.dyn")
+        sch.storage_align(acc_shared, 0, -2, 16, 4)
+        store = sch.cache_write(block_outer, 0, "wmma.accumulator")
+        sch.reverse_compute_at(store, thread_idy)
+        sch.reverse_compute_at(acc_shared, thread_idy)
+        si, sj = sch.get_loops(store)[-2:]
+        si0, si1 = sch.split(si, factors=[None, MICRO])
+        sj0, sj1 = sch.split(sj, factors=[None, MICRO])
+        sch.reorder(si0, sj0, si1, sj1)
+        block_init_c = sch.decompose_reduction(block_outer, k0)
+        block_init_c_inner = sch.get_child_blocks(block_init_c)[0]
+
+        def intrinsics(out_dtype):
+            return get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn",
+                                         in_dtype="float16", out_dtype=out_dtype, trans_b=True)
+
+        intrin = intrinsics("float32")
+        for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
+            mi, mj = sch.get_loops(mat)[-2:]
+            mi0, mi1 = sch.split(mi, factors=[None, MICRO])
+            mj0, mj1 = sch.split(mj, factors=[None, MICRO])
+            sch.reorder(mi0, mj0, mi1, mj1)
+            sch.unroll(mi0)
+            sch.unroll(mj0)
+            sch.tensorize(mi1, intrin[name])
+
+        def tensorize_init_store_compute(group):
+            sch.tensorize(sch.get_loops(block_init_c_inner)[-2], group["init"])
+            sch.tensorize(sch.get_loops(store)[-2], group["store"])
+            sch.tensorize(sch.get_loops(block_inner)[-3], group["compute"])
+
+        try:
+            tensorize_init_store_compute(intrin)
+        except Exception:  # noqa: BLE001 - the fp32 pattern does not match an fp16 accumulator (dlight's retry)
+            tensorize_init_store_compute(intrinsics("float16"))
+        auto_inline_consumer_chain(sch, acc_shared)
+        fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+        _, f1, f2 = sch.split(fused, factors=[None, warp_size, vector_size])
+        sch.bind(f1, "threadIdx.x")
+        sch.vectorize(f2)
+        return sch
