@@ -36,7 +36,6 @@ class TensorCoreMatmul:
         from tvm.s_tir.dlight.analysis import get_root_block
         from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers,
                                                  get_in_out_dtypes, get_index_map, get_reduction_blocks)
-        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
         arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
         if not arch.startswith("sm_") or int(arch[3:]) < 70 or "dlight.do_not_tensorize" in func.attrs.keys():
@@ -67,6 +66,13 @@ class TensorCoreMatmul:
         for iv in sch.get(main_block).iter_vars[1:]:
             if isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value <= MIN_EXTENT:
                 return None      # too small for tensor cores: the SIMT rule takes it
+
+        # Only now (a GEMM that tensorizes): importing the intrinsics costs ~10 s per process,
+        # the whole tensor_intrin package (every target's) three times that.
+        from .database import register_tensor_intrinsics
+
+        register_tensor_intrinsics(target)
+        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
         sch.pad_einsum(main_block, [1, MICRO * self.warps_m * self.frags, MICRO * self.warps_n * self.frags,
                                     MICRO * self.k_frags])

@@ -35,3 +35,60 @@ def test_small_model_stitched_build_compiles_and_fits(name):
         assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
     for k in coop:
         assert k.grid_syncs and k.grid[0] <= k.max_coresident
+
+
+def _gemm(m, n, k, dtype="float16"):
+    from tvm import te
+
+    a = te.placeholder((m, k), dtype, name="A")
+    w = te.placeholder((k, n), dtype, name="W")
+    r = te.reduce_axis((0, k), "k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * w[r, j].astype("float32"), axis=r), name="C")
+    d = te.compute((m, n), lambda i, j: c[i, j].astype(dtype), name="D")
+    return te.create_prim_func([a, w, d])
+
+
+def test_fp16_gemm_gets_a_256_thread_tensor_core_schedule():
+    """fp16 GEMMs join stitched kernels on tensor cores (dlight's own rule needs 512 threads)."""
+    from souffle_tvm import schedule, stitch
+    from souffle_tvm.targets import make_target
+
+    cuda = make_target("cuda")
+    s = schedule.schedule_group(_gemm(128, 256, 128), cuda, 256)
+    assert s.rule == "TensorCoreMatmul"
+    assert stitch.why_not_stitchable(s.func, cuda, 256) is None
+    (stage,) = stitch.lower_stage("g", s.func, cuda)
+    assert stage.num_threads == 256 and stage.num_blocks == (128 // 64) * (256 // 128)
+    assert stitch.calls_to(stage.body, ["tirx.tvm_mma_sync"])
+    # dlight alone (no stitching) keeps its 512-thread tensor-core schedule
+    assert schedule.schedule_group(_gemm(128, 256, 128), cuda).rule == "Matmul"
+
+
+@pytest.mark.parametrize("shape,dtype", [((64, 256, 128), "float16"), ((128, 256, 128), "float32")])
+def test_small_or_fp32_gemms_keep_the_simt_schedule(shape, dtype):
+    from souffle_tvm import schedule
+    from souffle_tvm.targets import make_target
+
+    s = schedule.schedule_group(_gemm(*shape, dtype=dtype), make_target("cuda"), 256)
+    assert s.rule == "Matmul"
+
+
+@needs_nvcc
+def test_fp16_mlp_stitches_tensor_core_stages_and_compiles():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((256, 256)) * 0.05).astype(np.float16), "w1")
+    b1 = numpy_helper.from_array(np.zeros(256, np.float16), "b1")
+    w2 = numpy_helper.from_array((rng.standard_normal((256, 128)) * 0.05).astype(np.float16), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [128, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [128, 128])], [w1, b1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    c = compile_model(model, "cuda", "souffle", level="v3")
+    assert c.report.launches == 1, [k.name for k in c.report.kernels]
+    assert "mma_sync" in c.cuda_source
+    (k,) = c.report.kernels
+    assert k.block == [256, 1, 1] and k.grid_syncs == 1 and k.spill_bytes == 0
