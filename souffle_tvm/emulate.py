@@ -12,6 +12,7 @@ what the GPU would do and drops what makes it parallel:
   statements under thread-dependent control flow run per thread as a unit and may not
   contain a barrier;
 * per-thread locals become arrays over the block's threads; shared memory is per block;
+  wmma fragments are per warp, and each wmma intrinsic runs once per warp (see ``_wmma``);
   a cross-thread reduction (``tvm_thread_allreduce``) combines the values of its group of
   threads in thread order;
 * every output and every shared/local buffer is filled with NaN before it is written.
@@ -34,6 +35,9 @@ from .dependence import ATOMIC_ADD
 from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name, strip_prefetch
 
 _I64 = "int64"
+# CUDA warp matrix intrinsics (m = n = k = 16): see _Block._wmma
+_WMMA = ("tirx.tvm_fill_fragment", "tirx.tvm_load_matrix_sync", "tirx.tvm_store_matrix_sync", "tirx.tvm_mma_sync")
+_WARP, _MNK, _TILE = 32, 16, 256
 
 
 class EmulationError(SouffleError):
@@ -42,6 +46,21 @@ class EmulationError(SouffleError):
 
 def _i64(v) -> tirx.PrimExpr:
     return tirx.const(v, _I64)
+
+
+def _cast(dtype: str, e) -> tirx.PrimExpr:
+    return e if dtype_of(e) == dtype else tirx.Cast(dtype, e)
+
+
+def _as64(e) -> tirx.PrimExpr:
+    return _cast(_I64, e)
+
+
+def _prod(es: list) -> tirx.PrimExpr:
+    out = _i64(1)
+    for e in es:
+        out = out * e
+    return out
 
 
 def _uses(node, vars_: set) -> bool:
@@ -80,6 +99,7 @@ class _Block:
         self.n = n_threads
         self.locals: dict = {}                  # original local buffer -> per-thread array
         self.shared: dict = {}                  # original shared buffer -> per-block buffer
+        self.frags: dict = {}                   # original wmma.* buffer -> per-warp tiles
 
     # -- per-thread substitution ---------------------------------------------------------------
     def _thread_exprs(self, t) -> dict:
@@ -94,6 +114,8 @@ class _Block:
             return cast_like(tmap[v], v) if v in tmap else v
 
         def load(x):
+            if x.source in self.frags:
+                raise EmulationError(f"an element access to the wmma fragment {x.source.name}")
             if x.source in self.locals:
                 return tirx.BufferLoad(self.locals[x.source], [t] + list(x.indices))
             if x.source in self.shared:
@@ -101,12 +123,16 @@ class _Block:
             return x
 
         def store(s):
+            if s.buffer in self.frags:
+                raise EmulationError(f"an element access to the wmma fragment {s.buffer.name}")
             if s.buffer in self.locals:
                 return tirx.BufferStore(self.locals[s.buffer], s.value, [t] + list(s.indices))
             if s.buffer in self.shared:
                 return tirx.BufferStore(self.shared[s.buffer], s.value, list(s.indices))
             return s
 
+        node = tvm_ffi.structural_map(node, (tirx.Evaluate, lambda ev: self._wmma(ev.value, t)
+                                             if op_name(ev.value) in _WMMA else ev))
         node = tvm_ffi.structural_map(node, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)])
         return tvm_ffi.structural_map(node, (tirx.Var, var))
 
@@ -148,6 +174,16 @@ class _Block:
             new = tirx.decl_buffer([_i64(self.n)] + list(ty.shape), ty.dtype, f"{buf.name}_per_thread", scope="global")
             self.locals[buf] = new
             fill = _poison(new)
+        elif scope.startswith("wmma."):
+            numel = 1
+            for e in ty.shape:
+                numel *= int(e)
+            if numel % _TILE:
+                raise EmulationError(f"a wmma fragment buffer {buf.name} of {numel} elements (not 16x16 tiles)")
+            new = tirx.decl_buffer([_i64((self.n + _WARP - 1) // _WARP), _i64(numel)], ty.dtype, f"{buf.name}_per_warp",
+                                   scope="global")
+            self.frags[buf] = new
+            fill = _poison(new)
         elif scope.startswith("shared"):
             new = tirx.decl_buffer(list(ty.shape), ty.dtype, f"{buf.name}_block", scope="global")
             self.shared[buf] = new
@@ -155,6 +191,63 @@ class _Block:
         else:
             return tirx.AllocBuffer(buf)
         return _seq([tirx.AllocBuffer(new)] + ([fill] if fill is not None else []))
+
+    # -- warp matrix intrinsics ---------------------------------------------------------------
+    def _wmma(self, call, t) -> tirx.Stmt:
+        """A wmma intrinsic as thread ``t`` sees it (arguments not yet substituted). CUDA has all 32
+        lanes of a warp call it with warp-uniform arguments and the fragment belongs to the warp,
+        so under lock step one execution per warp is the warp's: lane 0 runs it, as a scalar loop
+        nest over 16x16 tiles; fragment ``index`` i is the row-major tile at [i*256, (i+1)*256)
+        of the warp's array (matrix_a m x k, matrix_b k x n, accumulator m x n)."""
+        name, args = op_name(call), list(call.args)
+        if any(int(a.value) != _MNK for a in (args[1:4] if name != "tirx.tvm_mma_sync" else [])):
+            raise EmulationError(f"{name} with a fragment shape other than 16x16x16")
+        warp = tirx.floordiv(t, _i64(_WARP))
+        r, c, k = (tirx.Var(v, _I64) for v in ("wr", "wc", "wk"))
+
+        def frag(data, index, row, col):          # (buffer, indices) of one fragment element
+            buf = self.frags.get(data.args[0]) if op_name(data) == "tirx.buffer_data" else None
+            if buf is None:
+                raise EmulationError(f"{name} on {data}, not a wmma fragment of this block")
+            return buf, [warp, _as64(index) * _i64(_TILE) + row * _i64(_MNK) + col]
+
+        def mem(ptr, stride, layout, row, col):   # (buffer, indices) behind tvm_access_ptr(type, data, offset, ...)
+            if op_name(ptr) != "tirx.tvm_access_ptr" or op_name(ptr.args[1]) != "tirx.buffer_data":
+                raise EmulationError(f"{name} through {ptr}, not a tvm_access_ptr into a buffer")
+            buf = ptr.args[1].args[0]
+            if dtype_of(ptr.args[0]) != str(buf.ty.dtype):
+                raise EmulationError(f"{name} through a {dtype_of(ptr.args[0])} pointer into {buf.name}")
+            if str(layout.value) not in ("row_major", "col_major"):
+                raise EmulationError(f"{name} with layout {layout.value}")
+            lead, minor = (row, col) if str(layout.value) == "row_major" else (col, row)
+            flat = _as64(ptr.args[2]) + lead * _as64(stride) + minor
+            shape = [_as64(e) for e in buf.ty.shape]
+            strides = [_as64(e) for e in buf.ty.strides] or [_prod(shape[i + 1:]) for i in range(len(shape))]
+            return buf, [tirx.floordiv(flat if i == 0 else tirx.floormod(flat, strides[i - 1]), strides[i])
+                         for i in range(len(shape))]
+
+        def nest(body, loops=(r, c)):
+            for v in reversed(loops):
+                body = tirx.For(v, _i64(0), _i64(_MNK), tirx.ForKind.SERIAL, body)
+            return body
+
+        def put(target, value):
+            return tirx.BufferStore(target[0], _cast(str(target[0].ty.dtype), value), target[1])
+
+        if name == "tirx.tvm_fill_fragment":      # (frag, m, n, k, index, value)
+            body = nest(put(frag(args[0], args[4], r, c), args[5]))
+        elif name == "tirx.tvm_load_matrix_sync":  # (frag, m, n, k, index, ptr, stride, layout)
+            body = nest(put(frag(args[0], args[4], r, c), tirx.BufferLoad(*mem(*args[5:8], r, c))))
+        elif name == "tirx.tvm_store_matrix_sync":  # the inverse
+            body = nest(put(mem(*args[5:8], r, c), tirx.BufferLoad(*frag(args[0], args[4], r, c))))
+        else:                                      # mma (D, di, A, ai, B, bi, C, ci): D = A @ B + C
+            d = frag(args[0], args[1], r, c)
+            acc = str(d[0].ty.dtype)
+            prod = (_cast(acc, tirx.BufferLoad(*frag(args[2], args[3], r, k)))
+                    * _cast(acc, tirx.BufferLoad(*frag(args[4], args[5], k, c))))
+            body = nest(_seq([put(d, tirx.BufferLoad(*frag(args[6], args[7], r, c))),
+                              nest(put(d, tirx.BufferLoad(*d) + prod), (k,))]))
+        return tirx.IfThenElse(tirx.floormod(t, _i64(_WARP)) == _i64(0), body, None)
 
     def _stride(self, e) -> int:
         """How far apart in the flat thread index consecutive values of the thread index ``e``

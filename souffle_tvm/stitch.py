@@ -69,6 +69,27 @@ def launch_form(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> ti
         return tvm.transform.Sequential(_prefix_passes())(mod)[name]
 
 
+def pin_strides(body: tirx.Stmt) -> tirx.Stmt:
+    """Allocations whose ``buffer_dim_align`` annotation restates the strides they have now.
+
+    The stitched kernel goes through the same passes again, and CompactBufferAllocation then
+    re-derives each buffer's strides from that annotation. Its axes were those of the buffer
+    before InjectSoftwarePipeline prepended the pipeline-stage axis, so the second time the
+    padding lands on the wrong axis (dlight's (2, 1, 64, 64) tile: strides 4608/72 become
+    4104/64) while the offsets already baked into ``tvm_access_ptr`` (wmma loads) keep the old
+    ones: the tensor cores would read the wrong rows. Restating the strides keeps them."""
+    def pin(a):
+        ty = a.buffer.ty
+        if "buffer_dim_align" not in a.annotations or not list(ty.strides):
+            return a
+        shape, st = [int(e) for e in ty.shape], [int(e) for e in ty.strides]
+        # stride i = the smallest multiple of st[i] >= shape[i+1] * st[i+1]: st[i] itself
+        align = [[-1, i, st[i], 0] for i in range(len(st) - 1) if st[i] != shape[i + 1] * st[i + 1]]
+        return tirx.AllocBuffer(a.buffer, {k: (align if k == "buffer_dim_align" else v)
+                                           for k, v in a.annotations.items()})
+    return tvm_ffi.structural_map(body, (tirx.AllocBuffer, pin))
+
+
 @dataclass
 class LoweredStage:
     name: str
@@ -92,6 +113,7 @@ def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> li
     # Fresh variables per use: a PrimFunc called twice in one subprogram (TVM deduplicates
     # identical stages) must not declare the same buffers twice in the stitched kernel.
     low = launch_form(s_tir.renew_defs(func), target, name)
+    low = tirx.PrimFunc(low.params, pin_strides(low.body), attrs=low.attrs)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     # A multi-kernel stage passes data between its kernels through global allocations; in a
     # stitched kernel they become scratch parameters (global buffers the VM allocates).

@@ -1,0 +1,190 @@
+"""Tensor-core GEMM stages (``tensorcore.TensorCoreMatmul``: wmma 16x16x16 fragments) run on the
+CPU through the emulator's warp-matrix model and match numpy / onnxruntime, alone, with a fused
+epilogue, batched, and inside a stitched kernel; planted wmma faults are caught.
+
+The first test in a session pays TVM's one-time import of its tensor intrinsics (about 30 s on
+a loaded 2-core machine), whichever test that is.
+"""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+from souffle_tvm import emulate, pipeline, runner, schedule, stitch
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+from souffle_tvm.zoo.builder import GraphBuilder
+
+CUDA = make_target("cuda")
+LLVM = make_target("llvm")
+
+
+def _gemm(acc="float32", batch=0, bias=False, trans_b=False, M=128, N=256, K=128):
+    """D = cast_fp16(A @ W [+ bias, relu]) with fp16 inputs accumulated in ``acc``; every GEMM
+    dimension > 64, or the rule leaves it to the SIMT schedule."""
+    lead = (batch,) if batch else ()
+    A = te.placeholder(lead + (M, K), "float16", name="A")
+    W = te.placeholder(lead + ((N, K) if trans_b else (K, N)), "float16", name="W")
+    k = te.reduce_axis((0, K), "k")
+
+    def prod(*ix):
+        *b, i, j = ix
+        w = W[(*b, j, k)] if trans_b else W[(*b, k, j)]
+        return te.sum(A[(*b, i, k)].astype(acc) * w.astype(acc), axis=k)
+
+    C = te.compute(lead + (M, N), prod, name="C")
+    ins = [A, W]
+    if bias:
+        Bias = te.placeholder((N,), "float16", name="bias")
+        ins.append(Bias)
+        D = te.compute(lead + (M, N), lambda *ix: te.max(C[ix] + Bias[ix[-1]].astype(acc), tirx.const(0, acc))
+                       .astype("float16"), name="D")
+    else:
+        D = te.compute(lead + (M, N), lambda *ix: C[ix].astype("float16"), name="D")
+    func = te.create_prim_func(ins + [D])
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal([int(e) for e in t.shape]).astype("float16") for t in ins]
+    ref = np.matmul(arrays[0].astype(np.float32), np.swapaxes(arrays[1], -1, -2).astype(np.float32) if trans_b
+                    else arrays[1].astype(np.float32))
+    if bias:
+        ref = np.maximum(ref + arrays[2].astype(np.float32), 0)
+    return func, arrays, ref
+
+
+def _scheduled(func):
+    s = schedule.schedule_group(func, CUDA, 256)
+    assert s.rule == "TensorCoreMatmul"
+    return s.func
+
+
+def _emulated(func, arrays, shape):
+    ex = tvm.compile(tvm.IRModule({"k": emulate.emulate_primfunc(func, CUDA, "k")}), target=LLVM)
+    out = tvm.runtime.tensor(np.zeros(shape, "float16"))
+    ex["k"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy().astype(np.float32)
+
+
+def _rel_l2(got, want):
+    assert np.isfinite(got).all(), "poison (NaN) in the output"
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _mma_calls(func):
+    return len(stitch.calls_to(func.body, ("tirx.tvm_mma_sync",)))
+
+
+@pytest.fixture(scope="module")
+def gemm32():
+    func, arrays, ref = _gemm("float32")
+    return _scheduled(func), arrays, ref
+
+
+def test_tensor_core_gemm_emulated_fp32_accumulator(gemm32):
+    func, arrays, ref = gemm32
+    assert _mma_calls(stitch.launch_form(func, CUDA, "k")) > 0
+    assert _rel_l2(_emulated(func, arrays, ref.shape), ref) < 2e-3      # measured 2.1e-4 (fp16 output)
+
+
+def test_tensor_core_gemm_emulated_fp16_accumulator():
+    func, arrays, ref = _gemm("float16")
+    got = _emulated(_scheduled(func), arrays, ref.shape)
+    assert _rel_l2(got, ref) < 5e-3                                     # measured 1.7e-3 (fp16 sums)
+    # the model accumulates in fp16, k in order: numpy doing the same agrees (measured: exactly)
+    a, w = arrays
+    seq = np.zeros(ref.shape, np.float16)
+    for k in range(a.shape[1]):
+        seq = (seq + a[:, k:k + 1] * w[k:k + 1, :]).astype(np.float16)
+    assert _rel_l2(got, seq.astype(np.float32)) < 1e-4
+
+
+@pytest.mark.parametrize("case", ["bias_relu", "batched_transposed"])
+def test_tensor_core_gemm_emulated_with_epilogue_and_batch(case):
+    if case == "bias_relu":
+        func, arrays, ref = _gemm("float32", bias=True)
+    else:   # attention's Q @ K^T: (batch, M, K) x (batch, N, K)
+        func, arrays, ref = _gemm("float32", batch=2, trans_b=True, N=128)
+    assert _rel_l2(_emulated(_scheduled(func), arrays, ref.shape), ref) < 2e-3   # measured 2.1e-4 / 2.1e-4
+
+
+def _plant(func, pick, change, every=False):
+    """``func`` with the first statement ``pick`` accepts (or ``every`` one) replaced by ``change(it)``."""
+    done = []
+
+    def visit(ev):
+        if (done and not every) or not pick(ev):
+            return ev
+        done.append(ev)
+        return change(ev)
+
+    out = tvm_ffi.structural_map(func.body, (tirx.Evaluate, visit))
+    assert done, "nothing to plant into"
+    return tirx.PrimFunc(func.params, out, attrs=func.attrs)
+
+
+def _col_major_load(ev):
+    return stitch.op_name(ev.value) == "tirx.tvm_load_matrix_sync" and str(ev.value.args[-1].value) == "col_major"
+
+
+def _as_row_major(ev):
+    return tvm_ffi.structural_map(ev, (tvm.ir.StringImm, lambda _: tvm.ir.StringImm("row_major")))
+
+
+@pytest.mark.parametrize("fault", ["none", "layout_swapped", "mma_dropped"])
+def test_a_planted_wmma_fault_is_caught(gemm32, fault):
+    func, arrays, ref = gemm32
+    # planted in launch form; pin_strides keeps the shared tiles' padding when the emulator
+    # lowers it again. The layouts of one fragment must agree (TVM checks), so every matrix_b
+    # load turns row-major; the dropped mma is one of the unrolled, pipelined K loop's.
+    low = stitch.launch_form(func, CUDA, "k")
+    low = tirx.PrimFunc(low.params, stitch.pin_strides(low.body), attrs=low.attrs)
+    if fault == "layout_swapped":
+        low = _plant(low, _col_major_load, _as_row_major, every=True)
+    elif fault == "mma_dropped":
+        low = _plant(low, lambda ev: stitch.op_name(ev.value) == "tirx.tvm_mma_sync",
+                     lambda ev: tirx.Evaluate(tirx.const(0, "int32")))
+    err = _rel_l2(_emulated(low, arrays, ref.shape), ref)
+    if fault == "none":
+        assert err < 2e-3
+    else:
+        assert err > 1e-2, err                                          # measured 1.4 / 0.61
+
+
+def _mlp():
+    """x[128,128] @ W1 + b -> Relu -> @ W2: both GEMMs tensorize, one grid sync between them."""
+    g = GraphBuilder("mlp", "float16", 0)
+    x = g.input("x", [128, 128])
+    h = g.op("Relu", [g.linear(x, 128, 256)])
+    g.op("MatMul", [h, g.weight([256, 128], fan_in=256)])
+    g.nodes[-1].output[0] = "y"
+    g.output("y", [128, 128])
+    return g.model("fp16 MLP with tensor-core GEMMs")
+
+
+def _shared_strides(func):
+    found = []
+
+    def alloc(a):
+        if str(a.buffer.ty.storage_scope) == "shared.dyn":
+            found.append((a.buffer.name, [int(st) for st in a.buffer.ty.strides]))
+
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, alloc))
+    return found
+
+
+def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
+    m = import_onnx(_mlp(), dtype="float16")
+    souffle = pipeline.run(m.mod, CUDA, m.params, level="v3")
+    stitched = [souffle.mod[k.function] for k in souffle.stitched if k.function]
+    assert stitched and any(_mma_calls(f) for f in stitched)
+    # lowered again (the CUDA build and the emulator both do), the shared tiles keep the
+    # padded strides their wmma pointers were computed with
+    for f in stitched:
+        assert _shared_strides(stitch.launch_form(f, CUDA, "k")) == _shared_strides(f)
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=LLVM)
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-2, cmp                    # measured 2.4e-3 (fp16 sums)
