@@ -170,7 +170,7 @@ def markdown(result: dict) -> str:
               "V0 no transforms; V1 + horizontal; V2 + vertical; V3 + two-phase reductions and stitching; "
               "V4 + L2 prefetch of each stitched kernel's next-segment inputs. V4 has V3's kernels, so its "
               "launches, bytes and roofline estimate are V3's (a roofline already assumes a kernel's loads "
-              "overlap): its column gives the MB it prefetches per inference, whose effect only a GPU "
+              "overlap): its column gives the MB it would prefetch per inference (planned on V3's kernels; a V4 build drops the prefetch of any kernel ptxas finds over budget with it), whose effect only a GPU "
               "measures.", "",
               "| model | tvm | V0 | V1 | V2 | V3 | V4 MB prefetched |", "|---|---|---|---|---|---|---|"]
     for r in result["compile"]:
