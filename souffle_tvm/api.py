@@ -208,6 +208,18 @@ def _over_budget(report: Report, souffle, arch: str) -> dict[str, str]:
     return out
 
 
+def _spills(report: Report) -> int:
+    return sum(k.spill_bytes or 0 for k in report.kernels if k.cooperative)
+
+
+def _coresident(report: Report, arch: str) -> bool:
+    try:
+        _check_coresidency(report, arch)
+        return True
+    except StitchError:
+        return False
+
+
 def _coresident_grids(report: Report, souffle) -> dict[str, int]:
     """{stitched kernel function: blocks} where the grid launched (from the static estimate)
     differs from what ptxas' figures let be co-resident and the stages can use: fewer (needed,
@@ -314,7 +326,12 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             nvcc_seconds += report2.nvcc.get("seconds", 0.0)
             try:
                 _check_coresidency(report2, str(tgt.attrs["arch"]))
-                souffle, result, report, src = again, result2, report2, src2
+                if _spills(report2) > _spills(report) and _coresident(report, str(tgt.attrs["arch"])):
+                    # ptxas allocates the new grid's code differently and spills: the first
+                    # build's grid was co-resident already, so it stays
+                    progress.step("the restitched kernels spill; keeping the first build's grids")
+                else:
+                    souffle, result, report, src = again, result2, report2, src2
             except StitchError:
                 # the new grid changed the code enough not to fit: one block per SM always does
                 sms = {k.function: hardware.for_arch(str(tgt.attrs["arch"])).sms for k in souffle.stitched
