@@ -57,6 +57,7 @@ def test_a_missing_grid_sync_is_caught(bert):
     assert not all(c.ok(1e-5) for c in cmp)
 
 
+@pytest.mark.slow      # ~30 s; the missing-grid-sync fault above already shows faults are caught by default
 def test_a_grid_stride_indexing_error_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
