@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from souffle_tvm import hardware, prefetch, roofline, stitch, zoo
+from souffle_tvm import hardware, prefetch, roofline, zoo
 from souffle_tvm.api import compile as compile_model
 from souffle_tvm.frontend import import_onnx
 
@@ -53,8 +53,7 @@ def v4_from_v3(c, gpu: hardware.GPU) -> dict:
     planned = 0
     for k in c.report.kernels:
         if k.grid_syncs is not None and k.primfunc in [gv.name_hint for gv in c.model.mod.functions]:
-            func = stitch.strip_prefetch(c.model.mod[k.primfunc])
-            planned += k.launches * sum(p.bytes for p in prefetch.plan(func, gpu.l2_bytes))
+            planned += k.launches * sum(p.bytes for p in prefetch.plan(c.model.mod[k.primfunc], gpu.l2_bytes))
     return {"prefetched_bytes": planned, "derived_from": "v3"}
 
 

@@ -24,12 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm
-import tvm_ffi
 from tvm import tirx
 
-from . import dependence, stitch, tir_stats
-from .stitch import PREFETCH, is_prefetch
+from . import stitch, tir_stats
+from .stitch import PREFETCH
 
 LINE_BYTES = 128                     # an L2 cache line on sm_80 / sm_90
 L2_SHARE = 0.5                       # at most this share of L2 prefetched ahead of one segment
@@ -52,13 +50,6 @@ def _ptx():
     return PTXNamespace()
 
 
-def _accesses(stmt) -> tuple[list, list]:
-    loads, stores = [], []
-    tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
-                                   (tirx.BufferStore, lambda x: stores.append(x.buffer))])
-    return loads, stores + dependence.atomic_targets(stmt)
-
-
 def _segments(seq: list) -> list[list[int]]:
     """Positions of the statements between grid syncs, in order."""
     out: list[list[int]] = [[]]
@@ -76,7 +67,7 @@ def plan(func: tirx.PrimFunc, l2_bytes: int) -> list[Prefetch]:
     order, while the segment's total stays within ``L2_SHARE`` of ``l2_bytes``."""
     seq = stitch.stage_loops(func)
     params = [p for p in func.params if hasattr(p, "ty") and hasattr(p.ty, "shape")]
-    accesses = [_accesses(seq[i]) for i in range(len(seq))]
+    accesses = [stitch.accesses(stmt) for stmt in seq]
     written = [p for p in params if any(b.same_as(p) for _, stores in accesses for b in stores)]
     inputs = [p for p in params if not any(p.same_as(w) for w in written)]
     seen: list = []
@@ -132,7 +123,3 @@ def plant(func: tirx.PrimFunc, l2_bytes: int) -> tuple[tirx.PrimFunc, list[Prefe
         out.append(stmt)
     return stitch.replace_stages(func, out), todo
 
-
-def prefetched_bytes(func: tirx.PrimFunc) -> int:
-    """Bytes ``func``'s prefetch loops cover (0 for a kernel without them)."""
-    return sum(int(s.annotations[PREFETCH]) for s in stitch.stage_loops(func) if is_prefetch(s))

@@ -180,12 +180,17 @@ def _decompose(value, extents: list[tuple]) -> dict:
     return out
 
 
+def accesses(stmt) -> tuple[list, list]:
+    """The buffers ``stmt`` loads, and those it stores to (atomic additions included)."""
+    loads, stores = [], []
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
+                                   (tirx.BufferStore, lambda x: stores.append(x.buffer))])
+    return loads, stores + atomic_targets(stmt)
+
+
 def _param_access(stage: "LoweredStage") -> tuple[list[bool], list[bool]]:
     """Per parameter (by buffer identity, names can repeat): is it read, is it written."""
-    loads, stores = [], []
-    tvm_ffi.structural_walk(stage.body, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
-                                         (tirx.BufferStore, lambda x: stores.append(x.buffer))])
-    stores += atomic_targets(stage.body)
+    loads, stores = accesses(stage.body)
     read = [any(b.same_as(p) for b in loads) for p in stage.params]
     written = [any(b.same_as(p) for b in stores) for p in stage.params]
     return read, written
@@ -443,10 +448,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
             continue
         stages += 1
         view = stage_view(stmt, bid, tid, launched) if bid is not None and tid is not None else None
-        loads, stores = [], []
-        tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: loads.append(x.source)),
-                                       (tirx.BufferStore, lambda x: stores.append(x.buffer))])
-        stores += atomic_targets(stmt)
+        loads, stores = accesses(stmt)
         for p, wview, seen in written:
             if not any(b.same_as(p) for b in loads):
                 continue
