@@ -263,7 +263,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
         stages += stitch.lower_stage(f"s{k}", mod["main"], target)
     name = f"probe_{kind}"
-    func, _ = stitch.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
+    func, _, _ = stitch.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
     if kind == "nosync":
         func = _without_grid_syncs(func)
     lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=build_tvm.TIR_PIPELINE)

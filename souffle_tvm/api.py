@@ -127,9 +127,13 @@ def _stitched_stats(result: build_tvm.BuildResult, souffle) -> None:
     for k in souffle.stitched:
         if k.refused:
             continue
-        result.flops[k.function] = {f"{st}:{b}": f for st in k.stages for b, f in result.flops.get(st, {}).items()}
+        # Once per call: a function called many times (an LSTM's GEMV) counts each time, and a
+        # function lowered to several launch regions ("<function>.<i>") counts once.
+        calls = [st.split(".")[0] for st in k.stages if st.split(".")[1:] in ([], ["0"])]
+        result.flops[k.function] = {f"{i}:{st}:{b}": f for i, st in enumerate(calls)
+                                    for b, f in result.flops.get(st, {}).items()}
         result.footprints[k.function] = {}
-        for st in k.stages:
+        for st in calls:
             for b, v in result.footprints.get(st, {}).items():
                 result.footprints[k.function][b] = result.footprints[k.function].get(b, 0) + v
 

@@ -32,6 +32,7 @@ from tvm import tirx
 from .errors import SouffleError
 from .te_rewrite import cast_like, dtype_of
 from .dependence import ATOMIC_ADD
+from .rolling import unroll
 from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name, strip_prefetch
 
 _I64 = "int64"
@@ -386,7 +387,7 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
                      reverse: bool = False) -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
     ``reverse`` runs each phase's blocks last to first."""
-    low = launch_form(strip_prefetch(func), target, name)
+    low = launch_form(unroll(strip_prefetch(func), fresh=True), target, name)
     low = tirx.PrimFunc(low.params, _atomics_in_order(low.body), attrs=low.attrs)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     body = []

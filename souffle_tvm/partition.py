@@ -200,7 +200,8 @@ def partition_v2(prog: TEProgram, fits: Fits | None = None) -> Partition:
 
 
 # Stitched kernels of thousands of stages crash TVM's lowering (a segfault seen on the full
-# 10x100 LSTM); until repeated stages are emitted as loops, a subprogram is capped.
+# 10x100 LSTM unrolled); groups that repeat an earlier one of the subprogram (rolled into a
+# loop) do not count.
 MAX_GROUPS_PER_SUBPROGRAM = 128
 
 
@@ -285,7 +286,8 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
                           size: Callable[[int], int] = lambda i: 1, signature: list | None = None,
                           max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
                           max_groups: int = MAX_GROUPS_PER_SUBPROGRAM,
-                          forced: dict[int, str] | None = None) -> list[tuple[list[int], str]]:
+                          forced: dict[int, str] | None = None,
+                          repeat_of: list | None = None) -> list[tuple[list[int], str]]:
     """The resource-aware partition of groups into stitched subprograms.
 
     Grow the current subprogram in topological order while its stitched candidate fits
@@ -300,6 +302,10 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
 
     ``forced`` maps a group to the reason a boundary must follow it (feedback from ptxas on an
     earlier build: a stitched kernel that spilled or could not be co-resident).
+
+    ``repeat_of[i]``: the earlier group that group i repeats (``rolling.repeats``: same code, its
+    inputs one period later). Stitching rolls such repeats into a loop, so a group that repeats
+    one already in the subprogram adds nothing to either budget.
 
     Returns (group indices, the reason for the boundary that ends the subprogram).
     """
@@ -318,7 +324,8 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
             out.append(([i], f"not stitchable: {why}"))
             i += 1
             continue
-        j, stop, used = i, "end of model", size(i)
+        j, stop, used, count = i, "end of model", size(i), 1
+        rep = repeat_of or [None] * n
         while True:
             if j + 1 >= n:
                 break
@@ -330,7 +337,8 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
             if nwhy is not None:
                 stop = f"next group is not stitchable: {nwhy}"
                 break
-            if j + 2 - i > max_groups or used + size(j + 1) > max_statements:
+            rolled = rep[j + 1] is not None and rep[j + 1] >= i
+            if not rolled and (count + 1 > max_groups or used + size(j + 1) > max_statements):
                 stop = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
                         "per stitched kernel")
                 break
@@ -339,7 +347,9 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
                 stop = f"adding {nxt.name} breaks a resource limit: {over}"
                 break
             j += 1
-            used += size(j)
+            if not rolled:
+                used += size(j)
+                count += 1
         if stop.startswith(("compile-time", "adding")):
             # in the window's second half: a long-lived tensor made early would otherwise make
             # the first group the cheapest cut again and again

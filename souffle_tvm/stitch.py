@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import tvm
 import tvm_ffi
@@ -205,14 +206,18 @@ def is_prefetch(stmt) -> bool:
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
-           target: tvm.target.Target | None = None, param_keys: list | None = None) -> tuple[tirx.PrimFunc, list[bool]]:
+           target: tvm.target.Target | None = None, param_keys: list | None = None,
+           stackable: Callable[[Hashable], bool] | None = None) -> tuple[tirx.PrimFunc, list[bool], list]:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
     stages that share a key share a buffer. Parameters follow ``param_keys`` (default: first
     use). Before each stage goes the weakest barrier its dependences need (``dependence``):
-    a grid sync, a block barrier, or none. Returns the function and, per stage, whether a
-    grid sync precedes it.
+    a grid sync, a block barrier, or none. With ``stackable`` (which tensors may become slots
+    of a stacked buffer: made here, not used after the kernel), runs of repeated stages become
+    loops (``rolling``). Returns the function, per stage whether a grid sync precedes it, and
+    the stacked buffers (``rolling.Stack``: parameters after those of ``param_keys``, which no
+    longer include the keys they stack).
     """
     param_of: dict = {}
     for st, keys in zip(stages, args):
@@ -225,7 +230,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     tid = tirx.Var("threadIdx_x", "int64")
     i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
     views = [_vb_form(st, keys, param_of, tid) for st, keys in zip(stages, args)]
-    seq, syncs = [], []
+    items, syncs = [], []      # (barrier or None, stage loop) per stage
     written: dict = {}     # key -> stages that wrote it since the last grid sync
     read: dict = {}        # key -> stages that read it since the last grid sync
     for i, (st, keys, view) in enumerate(zip(stages, args, views)):
@@ -234,7 +239,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         if st.num_threads < block and _has_barrier(st.body):
             raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
         reads, writes = access[i]
-        need = dependence.NONE
+        need, pre = dependence.NONE, None
         for r, w, k in zip(reads, writes, keys):
             if r:
                 for j in written.get(k, ()):
@@ -242,10 +247,10 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
             if w and (k in written or k in read):     # write after read/write: kept simple
                 need = dependence.GRID
         if need == dependence.GRID:
-            seq.append(tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()))
+            pre = tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync())
             written, read = {}, {}
         elif need == dependence.BLOCK:
-            seq.append(dependence.block_barrier())
+            pre = dependence.block_barrier()
         syncs.append(need == dependence.GRID)
         for r, w, k in zip(reads, writes, keys):
             if w:
@@ -257,14 +262,24 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         if st.num_threads < block:     # barrier-free stage narrower than the kernel
             stmt = tirx.IfThenElse(tid < i64(st.num_threads), stmt, None)
         trip = tirx.floordiv(i64(st.num_blocks) - bid + i64(grid - 1), i64(grid))
-        seq.append(tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt,
-                            annotations={STAGE_BLOCKS: i64(st.num_blocks), STAGE_THREADS: i64(st.num_threads)}))
+        # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as
+        # is, it is a free variable, and structurally identical kernels (one per transformer
+        # layer) or loop iterations would not be recognised as such.
+        stmt = tvm_ffi.structural_map(stmt, (tirx.AttrStmt, lambda a: tirx.AttrStmt(tirx.const(0, "int32"), a.attr_key, a.value, a.body)
+                                             if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
+        items.append((pre, tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt,
+                                    annotations={STAGE_BLOCKS: i64(st.num_blocks), STAGE_THREADS: i64(st.num_threads)})))
+    stacks: list = []
+    if stackable is not None:
+        from . import rolling
+
+        seq, stacks = rolling.roll(items, args, [w for _, w in access], param_of, stackable)
+        stacked = {k for s in stacks for k in s.keys if k is not None}
+        params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)
+                  if k not in stacked] + [s.var for s in stacks]
+    else:
+        seq = [x for pre, stage in items for x in ((pre, stage) if pre is not None else (stage,))]
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
-    # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as is,
-    # it is a free variable, and structurally identical kernels (one per transformer layer)
-    # would not be recognised as one.
-    body = tvm_ffi.structural_map(body, (tirx.AttrStmt, lambda a: tirx.AttrStmt(tirx.const(0, "int32"), a.attr_key, a.value, a.body)
-                                         if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
                          "thread_extent", b64, body)
@@ -274,7 +289,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if target is not None:
         attrs["target"] = target
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
-    return func, syncs
+    return func, syncs, stacks
 
 
 def _fills_first(stages: list, args: list, access: list) -> tuple[list, list, list]:
@@ -430,6 +445,9 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
        that depends on the thread or block index (some threads would never arrive);
     3. the grid fits the co-resident limit (when it is known).
     """
+    from .rolling import unroll
+
+    func = unroll(func)       # a rolled loop is checked as the statements it executes
     problems = []
     bid, launched = launch_var(func, "blockIdx.x")
     tid, _ = launch_var(func, "threadIdx.x")
@@ -543,6 +561,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     stitched_vars = {b.var for b in stitched_calls}
     stitched_aliases = _aliases(bindings, stitched_calls)
     alias_positions = {i for i, b in enumerate(bindings) if b.var in stitched_aliases and b.var not in stitched_vars}
+    uses = _use_counts(bindings, main.body.body)
     ctx = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
     bb = relax.BlockBuilder(ctx)
     with bb.function("main", list(main.params), attrs={k: v for k, v in main.attrs.items() if k != "global_symbol"}):
@@ -556,9 +575,14 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         done.add(k)
                         calls = [bindings[call_pos[j]] for j in subprograms[k]]
                         name = f"souffle_stitched_{k}"
-                        kernels.append(_emit_stitched(bb, mod, target, calls, _aliases(bindings, calls), env,
+                        aliases = _aliases(bindings, calls)
+                        mine = {b.var for b in calls} | set(aliases)
+                        inside = _use_counts([b for b in bindings if b.var in mine])
+                        used_after = {v for v, n in uses.items() if n > inside.get(v, 0)}
+                        kernels.append(_emit_stitched(bb, mod, target, calls, aliases, env,
                                                       (grids or {}).get(name, grid), block, coresident, name,
-                                                      None if name in (no_prefetch or ()) else prefetch_l2))
+                                                      None if name in (no_prefetch or ()) else prefetch_l2,
+                                                      used_after))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -566,6 +590,20 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
             out = bb.emit_output(_remap(main.body.body, env))
         bb.emit_func_output(out)
     return bb.get(), kernels
+
+
+def _use_counts(bindings, output=None) -> dict:
+    """How often each Relax Var is used by ``bindings`` (and ``output``)."""
+    from tvm import relax
+
+    counts: dict = {}
+
+    def count(v):
+        counts[v] = counts.get(v, 0) + 1
+
+    for node in [b.value for b in bindings] + ([output] if output is not None else []):
+        tvm_ffi.structural_walk(node, (relax.Var, count))
+    return counts
 
 
 def _remap(expr, env):
@@ -593,7 +631,7 @@ def _aliases(bindings, calls) -> dict:
 
 
 def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident, name,
-                   prefetch_l2=None) -> StitchedKernel:
+                   prefetch_l2=None, used_after=None) -> StitchedKernel:
     from tvm import relax
 
     # Keys: a produced tensor is (binding position, field); an input is its Relax expression.
@@ -621,8 +659,22 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
             inputs.append(a)
     keys = [_Key(x) for x in inputs] + produced
     grid = max(1, min(grid, max(st.num_blocks for st in stages)))
-    func, syncs = stitch(stages, [[_Key(x) if not isinstance(x, tuple) else x for x in fa] for fa in args],
-                         grid, block, name=name, target=target, param_keys=keys)
+    # A tensor may become a slot of a stacked buffer (a loop's per-iteration copy) unless
+    # something after the kernel reads it: a scratch buffer, or an output nobody else uses.
+    leaves = set()
+    for pos, b in enumerate(calls):
+        if used_after is None or b.var in used_after:
+            leaves.update(k for k in produced if k[0] == "out" and k[1] == pos)
+    leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
+    func, syncs, stacks = stitch(stages, [[_Key(x) if not isinstance(x, tuple) else x for x in fa] for fa in args],
+                                 grid, block, name=name, target=target, param_keys=keys,
+                                 stackable=lambda k: isinstance(k, tuple) and k not in leaves)
+    if stacks:
+        kind = dict(zip(produced, types))
+        stacked = {k for st in stacks for k in st.keys if k is not None}
+        produced = [k for k in produced if k not in stacked] + [("stack", m) for m in range(len(stacks))]
+        types = [kind[k] for k in produced[:len(produced) - len(stacks)]] + \
+                [relax.TensorType([int(d) for d in st.var.ty.shape], str(st.var.ty.dtype)) for st in stacks]
     safety = check(func, grid, coresident)
     if not safety.ok:
         raise StitchError(f"{name}: unsafe stitched kernel: {'; '.join(safety.problems)}")
@@ -636,10 +688,12 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
     call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
     items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced) if key[0] == "out"}
     for pos, b in enumerate(calls):
+        n_out = len(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else 1
         outs = [items[k] for k in produced if k[0] == "out" and k[1] == pos]
-        env[b.var] = outs[0] if not isinstance(b.var.ty, relax.TupleType) else bb.emit(relax.Tuple(outs))
+        if len(outs) == n_out:        # (a stacked output is used nowhere after the kernel)
+            env[b.var] = outs[0] if not isinstance(b.var.ty, relax.TupleType) else bb.emit(relax.Tuple(outs))
         for alias, key in aliases.items():
-            if isinstance(key, tuple) and key[1] == pos:
+            if isinstance(key, tuple) and key[1] == pos and key in items:
                 env[alias] = items[key]
     return StitchedKernel(name, [s.name for s in stages], sum(syncs), grid, safety,
                           max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint,

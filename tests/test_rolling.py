@@ -1,0 +1,126 @@
+"""Repeated stages as loops inside the stitched kernel (``rolling``): the LSTM's time steps."""
+
+from types import SimpleNamespace
+
+import pytest
+import tvm
+from tvm import tirx
+
+from souffle_tvm import emulate, partition, pipeline, rolling, runner, stitch
+from souffle_tvm.frontend import import_onnx
+from souffle_tvm.targets import make_target
+
+CUDA = make_target("cuda")
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    m = import_onnx("lstm", small=True)          # 2 layers x 8 steps
+    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+
+
+def _rolled(func) -> list:
+    return [s for s in stitch.stage_loops(func) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations]
+
+
+def _emulated(m, souffle, mod):
+    ex = tvm.compile(emulate.emulate_module(mod, CUDA), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 0)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    return runner.compare(m.outputs, outs, ref)
+
+
+def test_lstm_time_steps_become_one_loop_per_layer(lstm):
+    m, souffle = lstm
+    [k] = souffle.stitched
+    func = souffle.mod[k.function]
+    loops = _rolled(func)
+    assert len(loops) == 2 and all(int(lp.extent) >= rolling.MIN_TRIPS for lp in loops)
+    # the loops hold the stages of most time steps: the kernel's code is a fraction of its stages
+    stage_loops = lambda f: [s for s in stitch.stage_loops(f) if stitch.STAGE_BLOCKS in getattr(s, "annotations", {})]  # noqa: E731
+    assert len(stage_loops(func)) < len(k.stages) // 2
+    # written out, the loops give back every stage, and the static check holds on that form
+    assert len(stage_loops(rolling.unroll(func))) == len(k.stages)
+    assert k.safety.ok and k.grid_syncs == stitch.check(func, k.grid, None).grid_syncs
+    # the per-step tensors (gates, c, h) are slots of stacked buffers, a slot per step of the run
+    stacks = [p for p in func.params if p.name.endswith("_stack")]
+    assert stacks and all(min(int(lp.extent) for lp in loops) <= int(p.ty.shape[0]) <= 8 for p in stacks)
+
+
+def test_a_rolled_loop_one_step_short_is_caught(lstm):
+    """(test_emulate runs the rolled kernel itself against onnxruntime; a loop one step short
+    must not pass for it.)"""
+    m, souffle = lstm
+    func = souffle.mod["souffle_stitched_0"]
+    seq = stitch.stage_loops(func)
+    first = next(i for i, s in enumerate(seq) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations)
+    loop = seq[first]
+    short = tirx.For(loop.loop_var, loop.min, tirx.const(int(loop.extent) - 1, "int64"), loop.kind, loop.body,
+                     annotations={rolling.ROLLED: tirx.const(int(loop.extent) - 1, "int64")})
+    broken = stitch.replace_stages(func, seq[:first] + [short] + seq[first + 1:])
+    gv = souffle.mod.get_global_var("souffle_stitched_0")
+    mod = tvm.IRModule({g: (broken if g.same_as(gv) else f) for g, f in souffle.mod.functions.items()},
+                       attrs=souffle.mod.attrs)
+    assert not all(c.ok(1e-5) for c in _emulated(m, souffle, mod))
+
+
+def test_without_stackable_tensors_nothing_is_rolled(lstm, monkeypatch):
+    """A tensor read after the kernel may not become a slot: with none stackable, no loop."""
+    m, souffle = lstm
+    calls = [b for blk in souffle.unstitched["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"]
+    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
+    assert _rolled(mod[kernels[0].function])       # stitch_module's own analysis allows it here
+
+    seen = []
+    real = rolling.roll
+
+    def nothing_stackable(items, keys, writes, var_of, stackable, **kw):
+        seen.append(True)
+        return real(items, keys, writes, var_of, lambda k: False, **kw)
+
+    monkeypatch.setattr(rolling, "roll", nothing_stackable)
+    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
+    assert seen and not _rolled(mod[kernels[0].function])
+    assert kernels[0].safety.ok and len(kernels[0].stages) == len(souffle.stitched[0].stages)
+
+
+def test_repeats_are_whole_iterations_with_inputs_one_period_later():
+    # g0 makes h0; g1..g4 each read the previous h and a shared weight: a run of 4 iterations
+    sigs = ["init"] + ["step"] * 5
+    reads = [[("ext", "x")]] + [[("group", i, 0), ("ext", "w")] for i in range(4)] + [[("group", 4, 0), ("ext", "w2")]]
+    assert rolling.repeats(sigs, reads) == [None, None, 1, 2, 3, None]    # g5's weight differs
+    # period 2 (a block with its own weight, then a weight-free stage): only the weight-free
+    # stages repeat, no whole iteration does, so nothing counts as rolled
+    sigs = ["conv", "act"] * 4
+    reads = [[("group", i - 1, 0) if i else ("ext", "x"), ("ext", f"w{i}")] if i % 2 == 0 else [("group", i - 1, 0)]
+             for i in range(8)]
+    assert rolling.repeats(sigs, reads) == [None] * 8
+
+
+def test_partitioner_counts_a_repeated_group_once():
+    groups = [SimpleNamespace(name=f"g{i}", opaque=None) for i in range(40)]
+    repeat_of = [None, None] + [i - 1 for i in range(2, 40)]
+    kw = dict(cost=lambda i, j, k: 0, stitchable=lambda i: None, fits=lambda idx: None,
+              size=lambda i: 100, max_statements=512)
+    assert len(partition.subprograms_by_budget(groups, **kw)) > 1
+    [(idx, why)] = partition.subprograms_by_budget(groups, repeat_of=repeat_of, **kw)
+    assert idx == list(range(40)) and why == "end of model"
+
+
+def test_tensors_read_after_the_kernel_are_not_stacked(lstm):
+    """Cut inside the first layer's time steps: the next layer's projection (in the second
+    kernel) reads every h of the first, so they cannot become slots; both kernels, run
+    (emulated), still match the reference."""
+    m, souffle = lstm
+    calls = [b for blk in souffle.unstitched["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"]
+    cut = len(calls) // 4
+    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(cut)), list(range(cut, len(calls)))],
+                                        grid=132)
+    first, second = (mod[k.function] for k in kernels)
+    assert not [p for p in first.params if p.name.startswith("T_multiply") and p.name.endswith("_stack")]
+    assert _rolled(second)
+    for cmp in _emulated(m, souffle, mod):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
