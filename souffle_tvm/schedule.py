@@ -34,7 +34,8 @@ class Scheduled:
 
 
 # How much of the hardware a rule's schedule uses; fusing must not lower it.
-RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2,
+        "ColumnReduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def _rules(block_size: int | None, gemm_k_tile: int | None = None):
@@ -49,7 +50,117 @@ def _rules(block_size: int | None, gemm_k_tile: int | None = None):
     from .tensorcore import TensorCoreMatmul
 
     return [AtomicRows(), PartialRows(), TensorCoreMatmul(), _Matmul256(gemm_k_tile or MATMUL_K_TILE),
-            dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+            ColumnReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+class ColumnReduction:
+    """A reduction over an outer axis: x·W with W laid out [K, N] (the LSTM's recurrent GEMV,
+    MMoE's experts at batch 1), which dlight's GEMV and Reduction rules leave to the Fallback
+    at 256 threads: one output per thread, a serial loop over K, N / 256 blocks.
+
+    Here each block makes ``tx`` outputs across threadIdx.x, reading W's rows coalesced, and
+    splits K ``ty`` ways over threadIdx.y (``rfactor`` into shared memory), the partial sums
+    then added per output: ``tx * ty`` = the stitched block size, N / ``tx`` blocks. dlight's
+    Reduction rule does the same for its "inner spatial" case with its own thread counts."""
+
+    SHAPES = ((16, 16), (32, 8), (8, 32), (64, 4), (4, 64))     # (tx, ty), dlight's first
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def apply(self, func, target, _tune):
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        if len(blocks) != 1:
+            return None
+        block = sch.get(blocks[0])
+        spatial = [iv for iv in block.iter_vars if iv.iter_type == 0]
+        reduce = [iv for iv in block.iter_vars if iv.iter_type == 2]
+        if len(reduce) != 1 or not spatial or len(block.iter_vars) != len(spatial) + 1 or len(block.writes) != 1:
+            return None
+        # the column case: the largest input is indexed by the reduction axis, and innermost by a
+        # spatial one (an inner reduction is dlight's, at any thread count)
+        big = max(block.reads, key=lambda r: math.prod(int(d) for d in r.source.ty.shape))
+        inner = [v for v in _vars(big.region[-1].min)]
+        if not any(v.same_as(reduce[0].var) for r in big.region for v in _vars(r.min)) or \
+                not inner or any(v.same_as(reduce[0].var) for v in inner):
+            return None
+        loops = sch.get_loops(blocks[0])
+        if len(loops) != len(block.iter_vars):
+            return None
+        points = math.prod(int(iv.dom.extent) for iv in spatial)
+        k = int(reduce[0].dom.extent)
+        shape = next(((tx, ty) for tx, ty in self.SHAPES if tx * ty == self.block_size and points % tx == 0
+                      and k % ty == 0), None)
+        if shape is None:
+            return None
+        tx_n, ty_n = shape
+        if not _trivially_bound(func, [sch.get(lp).loop_var for lp in loops]):
+            return None
+        s_loops = [lp for lp, iv in zip(loops, block.iter_vars) if iv.iter_type == 0]
+        r_loops = [lp for lp, iv in zip(loops, block.iter_vars) if iv.iter_type == 2]
+        sch.reorder(*s_loops, r_loops[0])
+        fused = sch.fuse(*s_loops)
+        sch.split(fused, [None, tx_n])
+        _, ty = sch.split(r_loops[0], [None, ty_n])
+        rf = sch.rfactor(ty, 0)
+        bx, tx, ro, ty, *_ = sch.get_loops(rf)
+        sch.reorder(bx, tx, ty, ro)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.set_scope(rf, 0, "shared")
+        sch.decompose_reduction(rf, ro)
+        # The write-back sums each output's ty partials from shared memory in a serial loop. A
+        # cross-thread reduction over threadIdx.y alone would be shorter, but TVM lowers it only
+        # where threadIdx.y is a launch dimension of its own, which a stitched stage's is not
+        # (its threads are one threadIdx.x of the kernel's 256). Every threadIdx.y row does the
+        # same sums, each in its own register, and stores the same value: no race.
+        store = sch.cache_write(blocks[0], 0, "local")
+        sch.reverse_compute_at(blocks[0], bx, preserve_unit_loops=True)
+        _, r, *s_rest = sch.get_loops(blocks[0])
+        s_wb = sch.fuse(*s_rest) if len(s_rest) > 1 else s_rest[0]
+        sch.reorder(s_wb, r)
+        sch.bind(s_wb, "threadIdx.x")
+        sch.reverse_compute_at(store, s_wb)
+        return sch
+
+
+def _trivially_bound(func: tirx.PrimFunc, loop_vars: list) -> bool:
+    """Is the (only) block's i-th iterator the i-th loop's variable (TE's form)?"""
+    import tvm_ffi
+    from tvm import s_tir
+
+    realizes: list = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: realizes.append(r)))
+    values = [r for r in realizes if r.block.name_hint != "root"]
+    return len(values) == 1 and len(values[0].iter_values) == len(loop_vars) and \
+        all(isinstance(v, tirx.Var) and v.same_as(lv) for v, lv in zip(values[0].iter_values, loop_vars))
+
+
+def _vars(expr) -> list:
+    import tvm_ffi
+
+    found: list = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v)))
+    return found
+
+
+def _threads(func: tirx.PrimFunc) -> int:
+    """Threads per block of a scheduled PrimFunc (the product of its threadIdx extents)."""
+    extents: dict = {}
+
+    def visit(loop):
+        tb = loop.thread_binding
+        if tb is not None and str(tb.thread_tag).startswith("threadIdx"):
+            extents[str(tb.thread_tag)] = max(extents.get(str(tb.thread_tag), 0), int(loop.extent))
+
+    import tvm_ffi
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
+    return math.prod(extents.values()) if extents else 1
 
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.

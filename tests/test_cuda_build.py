@@ -97,3 +97,31 @@ def test_fp16_mlp_stitches_tensor_core_stages_and_compiles():
     assert "mma_sync" in c.cuda_source
     (k,) = c.report.kernels
     assert k.block == [256, 1, 1] and k.grid_syncs == 1 and k.spill_bytes == 0
+
+
+def test_column_reduction_gets_a_256_thread_schedule_that_computes_x_times_w():
+    """x·W with W laid out [K, N] at batch 1 (the LSTM's recurrent GEMV) used to fall to the
+    Fallback in stitched kernels: 4 blocks of one output per thread. Now 16 outputs x 16 slices
+    of K per 256-thread block, N / 16 blocks; the emulated schedule computes x·W."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    from souffle_tvm import emulate, schedule, stitch
+    from souffle_tvm.targets import make_target
+
+    cuda, m, k, n = make_target("cuda"), 1, 256, 1024
+    x, w = te.placeholder((m, k), name="x"), te.placeholder((k, n), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    out = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="gemv")
+    scheduled = schedule.schedule_group(te.create_prim_func([x, w, out]), cuda, 256)
+    assert scheduled.rule == "ColumnReduction"
+    [stage] = stitch.lower_stage("gemv", scheduled.func, cuda)
+    assert stage.num_threads == 256 and stage.num_blocks == n // 16
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((k, n)).astype("float32")
+    ex = tvm.compile(tvm.IRModule({"k": emulate.emulate_primfunc(scheduled.func, cuda, "k")}), target=make_target("llvm"))
+    got = tvm.runtime.tensor(np.zeros((m, n), "float32"))
+    ex["k"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), got)
+    want = a @ b
+    assert np.linalg.norm(got.numpy() - want) / np.linalg.norm(want) < 1e-6
