@@ -367,6 +367,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                     kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
                     kr.prefetched_bytes = sk.prefetched_bytes or None
                     kr.bytes = sum(result.footprints[sk.function].values())
+            report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
             if database is not None:
                 report.database = database
                 _schedule_sources(report, souffle)

@@ -103,3 +103,13 @@ ptxas info    : Used 10 registers, 368 bytes cmem[0]"""
     assert res["k1"].registers == 255 and res["k1"].shared_bytes == 49152 and res["k1"].spill_bytes == 20
     assert res["k1"].barriers == 1 and res["k1"].stack_bytes == 16
     assert res["k2"].registers == 10 and res["k2"].shared_bytes == 0 and res["k2"].spill_bytes == 0
+
+
+def test_stitched_totals_add_up_the_kernels():
+    """The report's bytes and flops are its kernels' (a stitched kernel counts each stage call:
+    the LSTM's recurrent GEMV function runs once per time step)."""
+    r = compile_model("lstm", "cuda", "souffle", small=True, level="v3", nvcc=False).report
+    v2 = compile_model("lstm", "cuda", "souffle", small=True, level="v2", nvcc=False).report
+    assert r.bytes == sum(k.launches * k.bytes for k in r.kernels)
+    assert r.flops == sum(k.launches * k.flops for k in r.kernels)
+    assert r.flops == v2.flops           # the same groups' arithmetic, one kernel per group at v2
