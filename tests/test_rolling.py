@@ -109,18 +109,26 @@ def test_partitioner_counts_a_repeated_group_once():
     assert idx == list(range(40)) and why == "end of model"
 
 
-def test_tensors_read_after_the_kernel_are_not_stacked(lstm):
-    """Cut inside the first layer's time steps: the next layer's projection (in the second
-    kernel) reads every h of the first, so they cannot become slots; both kernels, run
-    (emulated), still match the reference."""
-    m, souffle = lstm
+def _cut_inside_the_first_layer(souffle):
     calls = [b for blk in souffle.unstitched["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"]
     cut = len(calls) // 4
-    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(cut)), list(range(cut, len(calls)))],
-                                        grid=132)
+    return stitch.stitch_module(souffle.unstitched, CUDA, [list(range(cut)), list(range(cut, len(calls)))], grid=132)
+
+
+def test_tensors_read_after_the_kernel_are_not_stacked(lstm):
+    """Cut inside the first layer's time steps: the next layer's projection (in the second
+    kernel) reads every h of the first, so they cannot become slots."""
+    _, souffle = lstm
+    mod, kernels = _cut_inside_the_first_layer(souffle)
     first, second = (mod[k.function] for k in kernels)
     assert not [p for p in first.params if p.name.startswith("T_multiply") and p.name.endswith("_stack")]
     assert _rolled(second)
+
+
+@pytest.mark.slow     # ~20 s; the rolled kernel's own numerics are in test_emulate by default
+def test_a_cut_rolled_lstm_matches_the_reference(lstm):
+    m, souffle = lstm
+    mod, _ = _cut_inside_the_first_layer(souffle)
     for cmp in _emulated(m, souffle, mod):
         assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
