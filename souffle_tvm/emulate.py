@@ -30,7 +30,7 @@ import tvm_ffi
 from tvm import tirx
 
 from .errors import SouffleError
-from .te_rewrite import cast_like, dtype_of
+from .te_rewrite import cast_like, dtype_of, uses
 from .dependence import ATOMIC_ADD
 from .rolling import unroll
 from .stitch import BARRIERS, calls_to, is_grid_sync, launch_form, op_name, strip_prefetch
@@ -62,12 +62,6 @@ def _prod(es: list) -> tirx.PrimExpr:
     for e in es:
         out = out * e
     return out
-
-
-def _uses(node, vars_: set) -> bool:
-    hit = []
-    tvm_ffi.structural_walk(node, (tirx.Var, lambda v: hit.append(v) if v in vars_ else None))
-    return bool(hit)
 
 
 def _seq(stmts: list) -> tirx.Stmt:
@@ -148,9 +142,9 @@ class _Block:
             return _seq([self.run(s) for s in stmt.seq])
         if isinstance(stmt, tirx.AllocBuffer):
             return self._alloc(stmt.buffer)
-        if isinstance(stmt, tirx.For) and not _uses(stmt.min, tv) and not _uses(stmt.extent, tv):
+        if isinstance(stmt, tirx.For) and not uses(stmt.min, tv) and not uses(stmt.extent, tv):
             return tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, self.run(stmt.body))
-        if isinstance(stmt, tirx.IfThenElse) and not _uses(stmt.condition, tv):
+        if isinstance(stmt, tirx.IfThenElse) and not uses(stmt.condition, tv):
             return tirx.IfThenElse(stmt.condition, self.run(stmt.then_case),
                                    self.run(stmt.else_case) if stmt.else_case is not None else None)
         if isinstance(stmt, tirx.AttrStmt):

@@ -310,6 +310,7 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
     Returns (group indices, the reason for the boundary that ends the subprogram).
     """
     sig = signature or list(range(len(groups)))
+    rep = repeat_of or [None] * len(groups)
     forced = forced or {}
 
     def unstitchable(i: int) -> str | None:
@@ -325,7 +326,6 @@ def subprograms_by_budget(groups: list[Group], cost: Callable[[int, int, int], i
             i += 1
             continue
         j, stop, used, count = i, "end of model", size(i), 1
-        rep = repeat_of or [None] * n
         while True:
             if j + 1 >= n:
                 break

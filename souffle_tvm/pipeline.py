@@ -149,8 +149,8 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
         if g.opaque is None:
             call_index[i] = n
             n += 1
-    calls = [b.value for blk in result.mod["main"].body.blocks for b in blk.bindings
-             if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
+    bindings = [b for blk in result.mod["main"].body.blocks for b in blk.bindings]
+    calls = [b.value for b in bindings if _is_call_tir(b.value)]
 
     def func_of(i: int):
         return result.mod[calls[call_index[i]].args[0]]
@@ -167,7 +167,7 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
             groups, partition.cut_cost(result.program, groups), stitchable, _fits(lowered, gpu),
             size=lowered.statements, forced=result.forced,
             signature=[tvm_ffi.structural_hash(func_of(i)) if g.opaque is None else None for i, g in enumerate(groups)],
-            repeat_of=_repeats(result.mod, groups, call_index, func_of))
+            repeat_of=_repeats(bindings, calls, groups, call_index, func_of))
     if grids is None and result.estimated_grids:
         # First build: as many blocks as the static estimate lets be co-resident (at least one
         # per SM); the build checks the grid against ptxas' figures and the caller re-stitches
@@ -186,23 +186,24 @@ def _stitch(result: SouffleModule, target: tvm.target.Target, grids: dict[str, i
     result.subprograms = subs
 
 
-def _repeats(mod: tvm.IRModule, groups: list, call_index: dict, func_of) -> list:
+def _is_call_tir(value) -> bool:
+    return isinstance(value, tvm.relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+
+
+def _repeats(bindings: list, calls: list, groups: list, call_index: dict, func_of) -> list:
     """``rolling.repeats`` over the groups: each group's code skeleton, and its call's inputs as
     the group (and output) that makes them, or the Relax value itself."""
     from . import rolling
     from .stitch import _Key
 
-    bindings = [b for blk in mod["main"].body.blocks for b in blk.bindings]
     group_of_call = {c: i for i, c in call_index.items()}
     maker, n = {}, 0
     for b in bindings:
-        if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir":
+        if _is_call_tir(b.value):
             maker[b.var] = (group_of_call[n], 0)
             n += 1
         elif isinstance(b.value, tvm.relax.TupleGetItem) and b.value.tuple_value in maker:
             maker[b.var] = (maker[b.value.tuple_value][0], b.value.index)
-    calls = [b.value for b in bindings
-             if isinstance(b.value, tvm.relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
     sigs, reads = [], []
     for i, g in enumerate(groups):
         if g.opaque is not None:
@@ -210,8 +211,7 @@ def _repeats(mod: tvm.IRModule, groups: list, call_index: dict, func_of) -> list
             reads.append([])
             continue
         sigs.append(rolling.skeleton_hash(func_of(i)))
-        args = list(calls[call_index[i]].args[1].fields)
-        reads.append([("group", *maker[a]) if a in maker else ("ext", _Key(a)) for a in args])
+        reads.append([("group", *maker[a]) if a in maker else ("ext", _Key(a)) for a in calls[call_index[i]].args[1].fields])
     return rolling.repeats(sigs, reads)
 
 

@@ -24,12 +24,16 @@ it the partitioner counts a repeated group's code once, not once per iteration.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+
+from .stitch import is_grid_sync, replace_stages, stage_loops
+from .te_rewrite import uses
 
 ROLLED = "souffle.rolled"        # annotation of a rolled loop: its trip count
 MIN_TRIPS = 3                    # fewer iterations stay unrolled: a loop would not pay for itself
@@ -74,7 +78,9 @@ def skeleton(node, params: dict | None = None) -> tuple[object, list[int], list[
     return skel, consts, dtypes
 
 
+@functools.lru_cache(maxsize=8192)
 def skeleton_hash(node) -> int | None:
+    """Cached: every stitch round (feedback, restitch) asks again for the same group PrimFuncs."""
     sk = skeleton(node)
     return None if sk is None else tvm_ffi.structural_hash(sk[0])
 
@@ -106,19 +112,16 @@ def restack(stmt, table: dict) -> tirx.Stmt:
     return tvm_ffi.structural_map(stmt, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)])
 
 
-def _mentions(stmt, vars_: list) -> bool:
-    """Does ``stmt`` use any of these Vars (a buffer's ``.data`` is a call on its Var: counted)?"""
-    wanted = set(vars_)        # TVM objects hash and compare by identity
-    found = []
-    tvm_ffi.structural_walk(stmt, (tirx.Var, lambda v: found.append(v) if v in wanted else None))
-    return bool(found)
-
-
 @dataclass
 class Stack:
     """One stacked buffer: slot n holds the tensor ``keys[n]`` (None: a slot no key uses)."""
     var: tirx.Var
     keys: list
+
+
+def stacked_keys(stacks: list[Stack]) -> set:
+    """The keys the stacks replace (no longer parameters or outputs of their own)."""
+    return {k for st in stacks for k in st.keys if k is not None}
 
 
 @dataclass
@@ -150,7 +153,7 @@ def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of:
     for st in stages:
         sk = skeleton(st.stmt, {var_of[k]: j for j, k in reversed(list(enumerate(st.keys)))})
         if sk is not None:
-            kind = "grid" if st.pre is not None and _is_grid_sync(st.pre) else ("block" if st.pre is not None else "")
+            kind = "grid" if st.pre is not None and is_grid_sync(st.pre) else ("block" if st.pre is not None else "")
             st.skel, st.consts, st.dtypes = sk
             st.hash = hash((kind, tvm_ffi.structural_hash(sk[0])))
     out: list = []
@@ -176,17 +179,11 @@ def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of:
                 seq.append(item.pre)
             item = item.stmt
         seq.append(restack(item, table) if table else item)
-    if table and _mentions(tirx.SeqStmt(seq), list(table)):
+    if table and uses(tirx.SeqStmt(seq), list(table)):
         # a stacked tensor still used other than by loads and stores: nothing is rolled
         plain = [x for pre, stmt in items for x in ((pre, stmt) if pre is not None else (stmt,))]
         return plain, []
     return seq, stacks
-
-
-def _is_grid_sync(stmt) -> bool:
-    from .stitch import is_grid_sync
-
-    return is_grid_sync(stmt)
 
 
 def _longest_run(stages: list[_Stage], s: int, min_trips: int, max_period: int) -> tuple[int, int] | None:
@@ -256,7 +253,7 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
     by_site: dict = {}
     for k, (it, q, j) in slot.items():
         by_site.setdefault((q, j), {})[it] = k
-    stacks, table, slot_table = [], {}, {}
+    stacks, slot_table = [], {}      # key -> (stack, slot)
     for (q, j), per_it in by_site.items():
         proto = var_of[next(iter(per_it.values()))]
         shape = [count] + [int(d) for d in proto.ty.shape]
@@ -265,9 +262,7 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
             return None
         var = tirx.decl_buffer(shape, str(proto.ty.dtype), f"{proto.name}_stack")
         stacks.append(Stack(var, [per_it.get(it) for it in range(count)]))
-        for it, k in per_it.items():
-            table[var_of[k]] = (var, tirx.const(it, "int64"))
-            slot_table[k] = (var, it)
+        slot_table.update({k: (var, it) for it, k in per_it.items()})
     t = tirx.Var("step", "int64")
     body = []
     for q in range(p):
@@ -279,7 +274,7 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
                 for k in st.keys if k in slot_table}
         # every key Var of this stage that is stacked is one of the run's slots a + t + distance
         stmt = restack(stmt, mine)
-        if _mentions(stmt, list(mine)):
+        if uses(stmt, list(mine)):
             return None          # used other than by loads and stores (an access pointer): keep unrolled
         if st.pre is not None:
             body.append(st.pre)
@@ -289,6 +284,7 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
                     annotations={ROLLED: tirx.const(b - a, "int64")})
     before = [at(it, q) for it in range(a) for q in range(p)]
     after = [at(it, q) for it in range(b, count) for q in range(p)]
+    table = {var_of[k]: (var, tirx.const(it, "int64")) for k, (var, it) in slot_table.items()}
     return before, loop, after, stacks, table
 
 
@@ -300,8 +296,6 @@ def _affine(c0: int, step: int, t: tirx.Var, dtype: str) -> tirx.PrimExpr:
 def unroll(func: tirx.PrimFunc, fresh: bool = False) -> tirx.PrimFunc:
     """``func`` with each rolled loop written out, one copy of its body per iteration (``fresh``:
     each copy with its own loop and buffer definitions, as TVM's lowering requires)."""
-    from .stitch import replace_stages, stage_loops
-
     seq = stage_loops(func)
     if not any(isinstance(s, tirx.For) and ROLLED in s.annotations for s in seq):
         return func

@@ -17,7 +17,7 @@ from tvm import tirx
 
 from . import tir_stats
 from .errors import SouffleError
-from .te_rewrite import cast_like
+from .te_rewrite import cast_like, variables
 from .transforms.two_phase import ATOMIC_ATTR, TILE_ATTR
 from .targets import is_cuda
 
@@ -83,8 +83,8 @@ class ColumnReduction:
         # the column case: the largest input is indexed by the reduction axis, and innermost by a
         # spatial one (an inner reduction is dlight's, at any thread count)
         big = max(block.reads, key=lambda r: math.prod(int(d) for d in r.source.ty.shape))
-        inner = [v for v in _vars(big.region[-1].min)]
-        if not any(v.same_as(reduce[0].var) for r in big.region for v in _vars(r.min)) or \
+        inner = variables(big.region[-1].min)
+        if not any(v.same_as(reduce[0].var) for r in big.region for v in variables(r.min)) or \
                 not inner or any(v.same_as(reduce[0].var) for v in inner):
             return None
         loops = sch.get_loops(blocks[0])
@@ -138,29 +138,6 @@ def _trivially_bound(func: tirx.PrimFunc, loop_vars: list) -> bool:
     values = [r for r in realizes if r.block.name_hint != "root"]
     return len(values) == 1 and len(values[0].iter_values) == len(loop_vars) and \
         all(isinstance(v, tirx.Var) and v.same_as(lv) for v, lv in zip(values[0].iter_values, loop_vars))
-
-
-def _vars(expr) -> list:
-    import tvm_ffi
-
-    found: list = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v)))
-    return found
-
-
-def _threads(func: tirx.PrimFunc) -> int:
-    """Threads per block of a scheduled PrimFunc (the product of its threadIdx extents)."""
-    extents: dict = {}
-
-    def visit(loop):
-        tb = loop.thread_binding
-        if tb is not None and str(tb.thread_tag).startswith("threadIdx"):
-            extents[str(tb.thread_tag)] = max(extents.get(str(tb.thread_tag), 0), int(loop.extent))
-
-    import tvm_ffi
-
-    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
-    return math.prod(extents.values()) if extents else 1
 
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.

@@ -274,7 +274,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         from . import rolling
 
         seq, stacks = rolling.roll(items, args, [w for _, w in access], param_of, stackable)
-        stacked = {k for s in stacks for k in s.keys if k is not None}
+        stacked = rolling.stacked_keys(stacks)
         params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)
                   if k not in stacked] + [s.var for s in stacks]
     else:
@@ -670,8 +670,10 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, coresident
                                  grid, block, name=name, target=target, param_keys=keys,
                                  stackable=lambda k: isinstance(k, tuple) and k not in leaves)
     if stacks:
+        from .rolling import stacked_keys
+
         kind = dict(zip(produced, types))
-        stacked = {k for st in stacks for k in st.keys if k is not None}
+        stacked = stacked_keys(stacks)
         produced = [k for k in produced if k not in stacked] + [("stack", m) for m in range(len(stacks))]
         types = [kind[k] for k in produced[:len(produced) - len(stacks)]] + \
                 [relax.TensorType([int(d) for d in st.var.ty.shape], str(st.var.ty.dtype)) for st in stacks]

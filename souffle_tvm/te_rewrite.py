@@ -32,6 +32,19 @@ def loads(expr) -> list[tuple[te.Tensor, list]]:
     return found
 
 
+def variables(node) -> list:
+    """Every Var occurrence in ``node``, in visit order."""
+    found: list = []
+    tvm_ffi.structural_walk(node, (tirx.Var, lambda v: found.append(v)))
+    return found
+
+
+def uses(node, vars_) -> bool:
+    """Does ``node`` use any of ``vars_`` (a set or list; TVM objects hash and compare by identity)?"""
+    wanted = set(vars_)
+    return any(v in wanted for v in variables(node))
+
+
 def dtype_of(e) -> str:
     """An expression's dtype (TVM 0.27 keeps it in ``ty``; TE tensors in ``dtype``)."""
     return str(e.ty) if hasattr(e, "ty") else str(e.dtype)

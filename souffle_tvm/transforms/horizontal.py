@@ -56,14 +56,8 @@ def _same_function(a, b, axes: list) -> bool:
     """Equal up to the (body-local) reduce variables; the shared axes must match one for one."""
     if not tvm_ffi.structural_equal(a, b, map_free_vars=True):
         return False
-    order = lambda e: [v.name for v in _vars(e) if any(v.same_as(x) for x in axes)]  # noqa: E731
+    order = lambda e: [v.name for v in te_rewrite.variables(e) if any(v.same_as(x) for x in axes)]  # noqa: E731
     return order(a) == order(b)
-
-
-def _vars(e) -> list:
-    out = []
-    tvm_ffi.structural_walk(e, (tirx.Var, lambda v: out.append(v)))
-    return out
 
 
 def _isomorphic(ops: list, weights: set, merged: dict) -> dict | None:
