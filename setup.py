@@ -21,7 +21,7 @@ setup(
         "cloudpickle==3.1.2",
         "ml_dtypes==0.6.0",
         # Folds exporters' run-time shape arithmetic (Shape->Gather->Concat->Reshape) before
-        # TVM's importer sees it; pure Python, no compiled extension (souffle_tvm/onnx_fold.py).
+        # TVM's importer sees it; pure Python, no compiled extension (souffle_tvm/frontend/onnx_fold.py).
         "onnxslim==0.1.98",
         # onnxslim evaluates the constant subgraphs it folds with onnxruntime (without it, it
         # silently folds nothing); also the reference runtime of `souffle-tvm run --check`.

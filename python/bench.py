@@ -8,7 +8,7 @@ and PNG plots beside it (``python/bench_plots.py``):
    V1 (+ horizontal), V2 (+ vertical), V3 (+ two-phase reductions, stitched cooperative
    kernels). Per configuration: launches per inference, distinct kernels, grid syncs, global
    bytes and flops (from the TIR's access regions), a roofline ESTIMATE of H200 latency
-   (``souffle_tvm.roofline``), compile time (and nvcc's on its own), and per kernel
+   (``souffle_tvm.report.roofline``), compile time (and nvcc's on its own), and per kernel
    (bytes, flops, launches) for the roofline plot. V4 (cross-stage optimisations: next-GEMM
    weight prefetch) is not built; the table says so.
 2. **CPU side by side** (small variants, llvm): median latency of ``tvm``, ``souffle`` V2 and
@@ -33,9 +33,12 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from souffle_tvm import hardware, prefetch, roofline, zoo
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm import zoo
+from souffle_tvm.core import hardware
+from souffle_tvm.stitch import prefetch
+from souffle_tvm.report import roofline
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.frontend.importer import import_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key, fusion, level): the paper's ablation V0..V3 beside TVM's own fusion; V4 is derived from
@@ -46,7 +49,7 @@ CPU_CONFIGS = (("tvm", "tvm", None), ("v2", "souffle", "v2"), ("v3", "souffle", 
 
 
 def v4_from_v3(c, gpu: hardware.GPU) -> dict:
-    """V4 = V3's kernels plus L2 prefetches (``souffle_tvm.prefetch``), which change no launch,
+    """V4 = V3's kernels plus L2 prefetches (``souffle_tvm.stitch.prefetch``), which change no launch,
     byte or flop these tables count: the V4 figures are V3's, plus what V4 would prefetch per
     inference, planned on V3's stitched kernels (compiling again would only repeat V3's build;
     ``compile --level v4`` builds it, tests/test_prefetch.py checks it is V3 plus prefetches)."""
@@ -114,7 +117,7 @@ def cpu_side_by_side(models: list[str], reps: int) -> list[dict]:
     import onnxruntime as ort
     from tvm import relax
 
-    from souffle_tvm import numerics
+    from souffle_tvm.runtime import numerics
 
     rows = []
     for name in models:
@@ -148,7 +151,7 @@ def markdown(result: dict) -> str:
     lines = [f"# Benchmarks, {result['date']}", "",
              f"TVM {result['tvm']}, target {result['target']}, {result['machine']}. "
              f"Compiled at {'small' if result['small'] else 'full'} size. `est. ms` are roofline ESTIMATES for "
-             f"{gpu} (souffle_tvm/roofline.py), not measurements; see docs/benchmarks.md.", "",
+             f"{gpu} (souffle_tvm/report/roofline.py), not measurements; see docs/benchmarks.md.", "",
              "## Launches, bytes and estimated latency: TVM vs Souffle V3", "",
              "| model | dtype | launches tvm | v3 | tvm / v3 | grid syncs v3 | MB tvm | MB v3 | GFLOP | "
              "est. ms tvm | est. ms v3 | tvm / v3 est. | est. floor ms | compile s tvm | v3 (+nvcc) |",

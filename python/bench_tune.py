@@ -24,10 +24,12 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from souffle_tvm import database, runner, tune
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm import tune
+from souffle_tvm.codegen import database
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 
 
 def _random_args(func: tirx.PrimFunc, dev) -> list:

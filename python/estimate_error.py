@@ -1,4 +1,4 @@
-"""How far the static resource estimate (souffle_tvm/estimate.py) is from ptxas.
+"""How far the static resource estimate (souffle_tvm/core/estimate.py) is from ptxas.
 
 For every small zoo model, build ``--fusion souffle --level v3`` for sm_90 with nvcc and compare,
 per stitched kernel, the estimate the partitioner grows subprograms with against the registers
@@ -14,8 +14,10 @@ import statistics
 
 import tvm
 
-from souffle_tvm import estimate, stitch, zoo
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm import zoo
+from souffle_tvm.core import estimate
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 
 def stitched_estimate(func: tvm.tirx.PrimFunc) -> estimate.Estimate:

@@ -11,7 +11,7 @@ and a cooperative-launch probe (a two-stage kernel with a cross-block dependence
 ``gpu_bundle/`` (ignored by git; about 30 MB) with ``manifest.json``.
 
 ``run`` (the device: Python 3.12, torch, onnxruntime, no TVM) loads TVM's runtime libraries
-and each library (``souffle_tvm.standalone``), and for every case: numerics against the
+and each library (``souffle_tvm.runtime.standalone``), and for every case: numerics against the
 reference (small: onnxruntime here; full: onnxruntime there on the zoo's ONNX, regenerated
 from its seed, where every weight is known), outputs NaN-poisoned through the memory pool
 before the checked run; median latency with CUDA events, with and without a CUDA graph;
@@ -19,7 +19,7 @@ kernels per inference from the profiler's trace. Probes: a cooperative grid at t
 co-resident limit runs and is right; one block per SM more is refused with an error (in a
 subprocess with a timeout, so a hang could not eat the lease); the same kernel without its
 grid sync. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
-against ``souffle_tvm.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
+against ``souffle_tvm.core.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
 
     .venv/bin/python python/gpu_check.py prepare [--models bert mmoe] [--sizes small full]
     python3 python/gpu_check.py run --bundle gpu_bundle --out $OUT     # on the device
@@ -47,7 +47,9 @@ sys.path.insert(0, str(ROOT))
 # tvm_ffi would otherwise JIT-build a torch extension (minutes) on first import next to torch
 os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 
-from souffle_tvm import numerics, standalone, zoo  # noqa: E402 - none of these imports tvm
+from souffle_tvm import zoo  # noqa: E402 - none of these imports tvm
+from souffle_tvm.runtime import numerics
+from souffle_tvm.runtime import standalone
 
 ARCH = "sm_90"
 
@@ -62,8 +64,8 @@ def prepare(args) -> int:
     import tvm
     from onnx import numpy_helper
 
-    from souffle_tvm import hardware
-    from souffle_tvm.api import compile as compile_model
+    from souffle_tvm.core import hardware
+    from souffle_tvm.pipeline.driver import compile as compile_model
 
     out = Path(args.bundle)
     (out / "libs").mkdir(parents=True, exist_ok=True)
@@ -231,7 +233,7 @@ def _build_probes(out: Path, store) -> list[dict]:
     block, so every block reads what other blocks wrote. Grids: the co-resident limit (from
     ptxas' registers and the hardware table), one block per SM over it, and the limit again
     without the grid sync."""
-    from souffle_tvm import hardware
+    from souffle_tvm.core import hardware
 
     gpu = hardware.for_arch(ARCH)
     block = 1024
@@ -247,8 +249,11 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     from tvm import te, tirx
     from tvm.s_tir import dlight as dl
 
-    from souffle_tvm import build_tvm, hardware, resources, stitch
-    from souffle_tvm.targets import make_target
+    from souffle_tvm.build import executable as build_tvm
+    from souffle_tvm.core import hardware
+    from souffle_tvm.build import ptxas as resources
+    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.core.targets import make_target
 
     target = make_target("cuda", ARCH)
     n, shift = grid * block * 2, block * 3 + 1
@@ -281,7 +286,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
 
 
 def _without_grid_syncs(func):
-    from souffle_tvm import stitch
+    from souffle_tvm.stitch import kernel as stitch
 
     return stitch.replace_stages(func, [s for s in stitch.stage_loops(func) if not stitch.is_grid_sync(s)])
 

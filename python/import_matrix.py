@@ -17,9 +17,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch_models as tm  # noqa: E402
 
-from souffle_tvm import onnx_rnn, runner  # noqa: E402
-from souffle_tvm.api import compile as compile_model  # noqa: E402
-from souffle_tvm.frontend import import_onnx  # noqa: E402
+from souffle_tvm.runtime import runner  # noqa: E402
+from souffle_tvm.frontend import onnx_rnn
+from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
+from souffle_tvm.frontend.importer import import_onnx  # noqa: E402
 
 BATCH = 3
 

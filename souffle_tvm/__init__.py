@@ -7,20 +7,22 @@ and ``souffle_tvm.standalone`` work where only numpy/onnx and the TVM *runtime* 
 GPU machine the device check runs on).
 """
 
-from .errors import (DynamicShapeError, ModelLoadError, SouffleError, ToolchainError,
-                     UnsupportedOperatorError)
+from .errors import DynamicShapeError, ModelLoadError, SouffleError, ToolchainError, UnsupportedOperatorError
 
 __version__ = "0.1.0"
 
 __all__ = ["compile", "Compiled", "Report", "SouffleError", "ModelLoadError", "UnsupportedOperatorError",
            "DynamicShapeError", "ToolchainError", "__version__"]
 
-_LAZY = {"compile": "api", "Compiled": "api", "Report": "report"}
-
-
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    # Lazy, so that ``zoo``, ``runtime.numerics`` and ``runtime.standalone`` import without
+    # TVM's compiler (the GPU machine has only its runtime).
+    if name in ("compile", "Compiled"):
+        from .pipeline import driver
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(driver, name)
+    if name == "Report":
+        from .report.schema import Report
+
+        return Report
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from . import progress, zoo
+from .core import progress
+from . import zoo
 from .errors import SouffleError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -126,8 +127,8 @@ def _add_report_parser(sub) -> None:
 
 def cmd_report(args) -> int:
     """``souffle-tvm report``: a saved Report as a table, optionally as HTML."""
-    from . import report_html
-    from .report import Report
+    from .report import html as report_html
+    from .report.schema import Report
 
     if args.rows < 0:
         raise SouffleError("--rows must be 0 or more")
@@ -166,7 +167,7 @@ def _tune_parser(sub) -> None:
 
 def cmd_tune(args) -> int:
     from . import tune
-    from .targets import make_target
+    from .core.targets import make_target
 
     tune.tune(args.model, make_target(args.target, args.arch), args.database, args.trials, level=args.fusion_level,
               small=args.small, dtype=args.dtype, shapes=_parse_shapes(args.input_shapes),
@@ -191,8 +192,8 @@ def cmd_zoo(args) -> int:
 def cmd_analyze(args) -> int:
     import json
 
-    from . import analysis, te_program
-    from .frontend import import_onnx
+    from .te import analysis, program as te_program
+    from .frontend.importer import import_onnx
     from .transforms import vertical
 
     m = import_onnx(args.model, _parse_shapes(args.input_shapes), small=args.small, dtype=args.dtype)
@@ -215,7 +216,7 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .api import compile as compile_model
+    from .pipeline.driver import compile as compile_model
 
     t = time.perf_counter()
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
@@ -244,7 +245,7 @@ def _load_library(path: str):
     if not target.startswith("llvm"):
         raise SouffleError(f"{path} was built for {target}; only llvm libraries run on this CPU "
                            "(rebuild with --target llvm)")
-    from .frontend import TensorInfo
+    from .frontend.importer import TensorInfo
 
     inputs = []
     for row in meta["__inputs__"]:
@@ -255,7 +256,7 @@ def _load_library(path: str):
 
 
 def cmd_run(args) -> int:
-    from . import runner
+    from .runtime import runner
 
     feeds = dict(np.load(args.inputs)) if args.inputs else None
     if args.model.endswith(".so"):
@@ -264,12 +265,12 @@ def cmd_run(args) -> int:
         executable, params, inputs, output_names = _load_library(args.model)
         model = None
     else:
-        from .api import compile as compile_model
+        from .pipeline.driver import compile as compile_model
 
         shapes = _parse_shapes(args.input_shapes)
         if feeds is not None:
             # Dynamic input dims take the given arrays' shapes; --input-shapes still wins.
-            from .frontend import load_model, shapes_from_arrays
+            from .frontend.importer import load_model, shapes_from_arrays
 
             shapes = {**shapes_from_arrays(load_model(args.model, args.small, args.dtype)[1], feeds),
                       **(shapes or {})}

@@ -19,3 +19,23 @@ class DynamicShapeError(SouffleError):
 
 class ToolchainError(SouffleError):
     """A required external tool (nvcc) is missing or failed."""
+
+
+class TuningError(SouffleError):
+    """Tuning cannot run as asked (no GPU, no tracker, a bad tracker address)."""
+
+
+class EmulationError(SouffleError):
+    """The kernel uses a construct the emulator does not model (named in the message)."""
+
+
+class LoweringError(SouffleError):
+    """The module cannot be expressed as one TEProgram (e.g. a dynamic, non-tensor value)."""
+
+
+class ScheduleError(SouffleError):
+    """A group's PrimFunc could not be scheduled as one kernel."""
+
+
+class StitchError(SouffleError):
+    """The stages cannot be stitched as given (mismatched block sizes, barriers under guards...)."""

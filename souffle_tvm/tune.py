@@ -26,13 +26,9 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from . import database as db
-from .errors import SouffleError
-from .targets import describe, is_cuda
-
-
-class TuningError(SouffleError):
-    """Tuning cannot run as asked (no GPU, no tracker, a bad tracker address)."""
+from .codegen import database as db
+from .errors import SouffleError, TuningError
+from .core.targets import describe, is_cuda
 
 
 @dataclass
@@ -72,8 +68,8 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, le
     stages it stitches) are not v2's. The pipeline runs once with the default schedules; only
     its unscheduled twin is kept.
     """
-    from . import pipeline
-    from .build_tvm import primfunc_calls
+    from .pipeline import stitching as pipeline
+    from .build.executable import primfunc_calls
 
     result = pipeline.run(mod, target, params, level=level)
     calls = primfunc_calls(result.unscheduled)
@@ -196,7 +192,7 @@ def tuning_target(target: tvm.target.Target, level: str = "v2") -> tvm.target.Ta
     if is_cuda(target):
         if level != "v3":
             return target
-        from .pipeline import STITCH_BLOCK
+        from .core.geometry import STITCH_BLOCK
 
         attrs.update({"max_num_threads": STITCH_BLOCK, "max_threads_per_block": STITCH_BLOCK})
     elif "num-cores" not in attrs:
@@ -264,7 +260,7 @@ def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, le
     ``database_dir`` (``souffle_tvm.compile(..., database=database_dir)`` applies them).
 
     ``max_tasks`` tunes only the first N distinct stages (the rest keep the default rules)."""
-    from .frontend import ImportedModel, import_onnx
+    from .frontend.importer import ImportedModel, import_onnx
 
     if trials < 1:
         raise TuningError(f"--trials must be at least 1 (got {trials})")

@@ -3,8 +3,9 @@ import shutil
 import numpy as np
 import pytest
 
-from souffle_tvm import runner, zoo
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm import zoo
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 ZOO = zoo.names()
 

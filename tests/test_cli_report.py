@@ -103,7 +103,7 @@ def test_report_bad_input_exits_2_with_one_line(tmp_path):
 def test_progress_on_a_terminal_overwrites_and_erases_its_line():
     import io
 
-    from souffle_tvm import progress
+    from souffle_tvm.core import progress
 
     class Tty(io.StringIO):
         def isatty(self):

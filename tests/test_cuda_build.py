@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import ZOO, needs_nvcc
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 
 @needs_nvcc
@@ -55,8 +55,9 @@ def _gemm(m, n, k, dtype="float16"):
 
 def test_fp16_gemm_gets_a_256_thread_tensor_core_schedule():
     """fp16 GEMMs join stitched kernels on tensor cores (dlight's own rule needs 512 threads)."""
-    from souffle_tvm import schedule, stitch
-    from souffle_tvm.targets import make_target
+    from souffle_tvm.codegen import schedule
+    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.core.targets import make_target
 
     cuda = make_target("cuda")
     s = schedule.schedule_group(_gemm(128, 256, 128), cuda, 256)
@@ -71,8 +72,8 @@ def test_fp16_gemm_gets_a_256_thread_tensor_core_schedule():
 
 @pytest.mark.parametrize("shape,dtype", [((64, 256, 128), "float16"), ((128, 256, 128), "float32")])
 def test_small_or_fp32_gemms_keep_the_simt_schedule(shape, dtype):
-    from souffle_tvm import schedule
-    from souffle_tvm.targets import make_target
+    from souffle_tvm.codegen import schedule
+    from souffle_tvm.core.targets import make_target
 
     s = schedule.schedule_group(_gemm(*shape, dtype=dtype), make_target("cuda"), 256)
     assert s.rule == "Matmul"
@@ -107,8 +108,10 @@ def test_column_reduction_gets_a_256_thread_schedule_that_computes_x_times_w():
     import tvm
     from tvm import te
 
-    from souffle_tvm import emulate, schedule, stitch
-    from souffle_tvm.targets import make_target
+    from souffle_tvm.runtime import emulate
+    from souffle_tvm.codegen import schedule
+    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.core.targets import make_target
 
     cuda, m, k, n = make_target("cuda"), 1, 256, 1024
     x, w = te.placeholder((m, k), name="x"), te.placeholder((k, n), name="w")

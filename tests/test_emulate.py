@@ -7,9 +7,13 @@ from tvm import tirx
 import tvm_ffi
 
 from conftest import ZOO
-from souffle_tvm import emulate, pipeline, runner, stitch
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.runtime import emulate
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.runtime import runner
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
+from souffle_tvm.errors import EmulationError
 
 CUDA = make_target("cuda")
 
@@ -80,5 +84,5 @@ def test_a_barrier_under_a_thread_condition_is_refused(bert):
     tid = func.body.body.node.var
     i = next(i for i, s in enumerate(seq) if not stitch.is_grid_sync(s) and stitch.calls_to(s, stitch.BARRIERS))
     guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
-    with pytest.raises(emulate.EmulationError, match="barrier|grid sync"):
+    with pytest.raises(EmulationError, match="barrier|grid sync"):
         emulate.emulate_primfunc(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

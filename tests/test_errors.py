@@ -5,9 +5,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from souffle_tvm import zoo
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import DynamicShapeError, ModelLoadError, UnsupportedOperatorError
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm.frontend.importer import import_onnx
 
 
 def test_truncated_file(tmp_path):
@@ -57,8 +57,8 @@ def test_dynamic_input_dimension():
 
 def test_unlowerable_model_falls_back_to_tvm_and_says_why(monkeypatch):
     from conftest import run_and_compare
-    from souffle_tvm import te_program
-    from souffle_tvm.te_program import LoweringError
+    from souffle_tvm.te import program as te_program
+    from souffle_tvm.errors import LoweringError
 
     def refuse(*_a, **_k):
         raise LoweringError("binding 'lv3': result 0 is not a tensor of static shape")
@@ -85,7 +85,7 @@ def test_bad_target_and_arch():
 
 
 def test_wrong_input_shape_is_reported():
-    from souffle_tvm import runner
+    from souffle_tvm.runtime import runner
     from souffle_tvm.errors import SouffleError
 
     m = import_onnx("mmoe", small=True)

@@ -9,10 +9,10 @@ on disk across sessions (keyed by torch version and the models' source).
 import pytest
 
 import torch_models as tm
-from souffle_tvm import runner
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import UnsupportedOperatorError
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm.frontend.importer import import_onnx
 
 BATCH = 3
 TOL = 1e-4

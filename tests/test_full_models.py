@@ -4,7 +4,7 @@ import pytest
 
 from conftest import ZOO
 from souffle_tvm import zoo
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm import runner
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 
 def gru_model(seq=5, batch=3, d_in=4, hidden=6, direction="forward", lbr=0, states=True, bias=True,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm import runner
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import DynamicShapeError, SouffleError, UnsupportedOperatorError
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm.frontend.importer import import_onnx
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm import runner
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import UnsupportedOperatorError
 
 

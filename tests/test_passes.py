@@ -4,9 +4,10 @@ import tvm
 from tvm import relax
 
 
-from souffle_tvm import passes, runner
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.pipeline import passes
+from souffle_tvm.runtime import runner
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 
 
 def _build_and_check(mod, m):

@@ -9,9 +9,15 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from souffle_tvm import api, emulate, hardware, pipeline, prefetch, runner, stitch
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.pipeline import driver as api
+from souffle_tvm.runtime import emulate
+from souffle_tvm.core import hardware
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.stitch import prefetch
+from souffle_tvm.runtime import runner
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 
 CUDA = make_target("cuda")
 

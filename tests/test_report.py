@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import needs_nvcc
 from souffle_tvm import Report
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 M, K, N = 4, 64, 128
 
@@ -78,7 +78,7 @@ def test_ptxas_figures_and_json_round_trip(tmp_path):
 
 
 def test_missing_nvcc_gives_a_report_without_resources(monkeypatch):
-    from souffle_tvm import resources
+    from souffle_tvm.build import ptxas as resources
 
     monkeypatch.setattr(resources, "nvcc_path", lambda: None)
     r = compile_model(tiny(), "cuda").report
@@ -89,7 +89,7 @@ def test_missing_nvcc_gives_a_report_without_resources(monkeypatch):
 
 
 def test_ptxas_output_parser():
-    from souffle_tvm.resources import parse_resource_usage
+    from souffle_tvm.build.ptxas import parse_resource_usage
 
     text = """ptxas info    : Compiling entry function 'k1' for 'sm_90'
 ptxas info    : Function properties for k1

@@ -7,9 +7,9 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from souffle_tvm import report_html
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.report import Report
+from souffle_tvm.report import html as report_html
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.report.schema import Report
 
 CHROMIUM = next((p for p in ("chromium", "chromium-browser", "google-chrome") if shutil.which(p)), None)
 

@@ -6,9 +6,15 @@ import pytest
 import tvm
 from tvm import tirx
 
-from souffle_tvm import emulate, partition, pipeline, rolling, runner, stitch
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.runtime import emulate
+from souffle_tvm.partition import groups as partition
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.stitch import rolling
+from souffle_tvm.runtime import runner
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.core.ir_names import STAGE_BLOCKS
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 
 CUDA = make_target("cuda")
 
@@ -38,7 +44,7 @@ def test_lstm_time_steps_become_one_loop_per_layer(lstm):
     loops = _rolled(func)
     assert len(loops) == 2 and all(int(lp.extent) >= rolling.MIN_TRIPS for lp in loops)
     # the loops hold the stages of most time steps: the kernel's code is a fraction of its stages
-    stage_loops = lambda f: [s for s in stitch.stage_loops(f) if stitch.STAGE_BLOCKS in getattr(s, "annotations", {})]  # noqa: E731
+    stage_loops = lambda f: [s for s in stitch.stage_loops(f) if STAGE_BLOCKS in getattr(s, "annotations", {})]  # noqa: E731
     assert len(stage_loops(func)) < len(k.stages) // 2
     # written out, the loops give back every stage, and the static check holds on that form
     assert len(stage_loops(rolling.unroll(func))) == len(k.stages)

@@ -2,8 +2,9 @@
 
 import pytest
 
-from souffle_tvm import hardware, roofline
-from souffle_tvm.report import KernelReport, Report
+from souffle_tvm.core import hardware
+from souffle_tvm.report import roofline
+from souffle_tvm.report.schema import KernelReport, Report
 
 
 def _report(kernels):

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm import runner
+from souffle_tvm.runtime import runner
 
 CLI = os.path.join(os.path.dirname(sys.executable), "souffle-tvm")
 BOOL, F, I64 = TensorProto.BOOL, TensorProto.FLOAT, TensorProto.INT64

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm import runner
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import runner
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import UnsupportedOperatorError
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.onnx_control import MAX_UNROLL
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.frontend.onnx_control import MAX_UNROLL
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 

@@ -6,9 +6,11 @@ import tvm
 from tvm import s_tir, te
 
 from conftest import ZOO, run_and_compare
-from souffle_tvm import emulate, runner, schedule
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.targets import make_target
+from souffle_tvm.runtime import emulate
+from souffle_tvm.runtime import runner
+from souffle_tvm.codegen import schedule
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.core.targets import make_target
 from souffle_tvm.zoo.builder import GraphBuilder
 
 

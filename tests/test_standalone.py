@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import needs_nvcc
-from souffle_tvm import numerics, resources, standalone
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm.runtime import numerics
+from souffle_tvm.build import ptxas as resources
+from souffle_tvm.runtime import standalone
+from souffle_tvm.pipeline.driver import compile as compile_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +29,7 @@ def test_exported_library_runs_without_the_tvm_package(tmp_path, fusion, level):
     script = textwrap.dedent(f"""
         import sys, numpy as np
         sys.path.insert(0, {str(ROOT)!r})
-        from souffle_tvm import standalone
+        from souffle_tvm.runtime import standalone
         standalone.load_runtime(standalone.installed_runtime_dir(), cuda=False)
         d = np.load({str(tmp_path / 'io.npz')!r})
         outs = standalone.VM({str(lib)!r}, "cpu")(*[d[k] for k in sorted(d.files, key=lambda k: int(k[4:]))])

@@ -7,10 +7,12 @@ import pytest
 from tvm import tirx
 
 from conftest import ZOO, needs_nvcc, run_and_compare
-from souffle_tvm import hardware, pipeline, stitch
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.core import hardware
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def test_occupancy_follows_the_documented_rules():
 
 
 def test_subprogram_cuts_have_reasons(bert_v3):
-    from souffle_tvm import partition
+    from souffle_tvm.partition import groups as partition
 
     groups = bert_v3.partition.groups
     readers = partition.readers_of(bert_v3.program)
@@ -150,7 +152,7 @@ def test_stitched_grid_grows_to_the_measured_coresident_limit():
 def test_ptxas_feedback_splits_a_kernel_that_spills(monkeypatch):
     import dataclasses
 
-    from souffle_tvm import resources
+    from souffle_tvm.build import ptxas as resources
 
     real, calls = resources.measure, []
 

@@ -7,8 +7,10 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import te
 
 from conftest import ZOO
-from souffle_tvm import analysis, runner, te_program
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm.te import analysis
+from souffle_tvm.runtime import runner
+from souffle_tvm.te import program as te_program
+from souffle_tvm.frontend.importer import import_onnx
 
 
 def run_program(prog, imported, feeds):

@@ -12,9 +12,13 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_tvm import emulate, pipeline, runner, schedule, stitch
-from souffle_tvm.frontend import import_onnx
-from souffle_tvm.targets import make_target
+from souffle_tvm.runtime import emulate
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.runtime import runner
+from souffle_tvm.codegen import schedule
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.core.targets import make_target
 from souffle_tvm.zoo.builder import GraphBuilder
 
 CUDA = make_target("cuda")

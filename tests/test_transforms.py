@@ -3,8 +3,10 @@
 import pytest
 
 from conftest import ZOO
-from souffle_tvm import analysis, runner, te_program
-from souffle_tvm.frontend import import_onnx
+from souffle_tvm.te import analysis
+from souffle_tvm.runtime import runner
+from souffle_tvm.te import program as te_program
+from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.transforms import fold_weights, horizontal, vertical
 from test_te_program import run_program
 

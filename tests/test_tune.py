@@ -15,10 +15,12 @@ import time
 import pytest
 
 from conftest import run_and_compare
-from souffle_tvm import database, tune
-from souffle_tvm.api import compile as compile_model
+from souffle_tvm import tune
+from souffle_tvm.codegen import database
+from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import SouffleError
-from souffle_tvm.targets import make_target
+from souffle_tvm.core.targets import make_target
+from souffle_tvm.errors import TuningError
 
 EXE = shutil.which("souffle-tvm", path=os.path.dirname(sys.executable)) or "souffle-tvm"
 TRIALS = 8
@@ -111,7 +113,7 @@ def test_silent_tracker_times_out():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         t = time.perf_counter()
-        with pytest.raises(tune.TuningError, match="did not answer"):
+        with pytest.raises(TuningError, match="did not answer"):
             tune.check_tracker("127.0.0.1", s.getsockname()[1], "h200", timeout=2)
         assert time.perf_counter() - t < 10
 
@@ -128,7 +130,7 @@ def test_tune_help_explains_every_flag():
 # -- path treats a CUDA schedule from the database (v2 uses it; v3 only at its block size).
 @pytest.fixture(scope="module")
 def bert_cuda():
-    from souffle_tvm.frontend import import_onnx
+    from souffle_tvm.frontend.importer import import_onnx
 
     model = import_onnx("bert", None, small=True)
     target = make_target("cuda")
@@ -213,12 +215,12 @@ def test_tracker_key_is_checked():
     srv, port = _fake_tracker({"h200": {"free": 2, "pending": 0}})
     with srv:
         assert tune.check_tracker("127.0.0.1", port, "h200") == 2
-        with pytest.raises(tune.TuningError, match="no server registered with key 'a100'.*keys: h200"):
+        with pytest.raises(TuningError, match="no server registered with key 'a100'.*keys: h200"):
             tune.check_tracker("127.0.0.1", port, "a100")
 
 
 def test_tuning_targets():
-    from souffle_tvm.pipeline import STITCH_BLOCK
+    from souffle_tvm.core.geometry import STITCH_BLOCK
 
     v3 = tune.tuning_target(make_target("cuda", "sm_80"), "v3")
     assert int(v3.attrs["max_threads_per_block"]) == STITCH_BLOCK and str(v3.attrs["arch"]) == "sm_80"

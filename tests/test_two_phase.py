@@ -8,9 +8,15 @@ import tvm_ffi
 from tvm import tirx
 
 from conftest import needs_nvcc, run_and_compare
-from souffle_tvm import dependence, emulate, frontend, pipeline, runner, stitch, te_program
-from souffle_tvm.api import compile as compile_model
-from souffle_tvm.targets import make_target
+from souffle_tvm.stitch import dependence
+from souffle_tvm.runtime import emulate
+from souffle_tvm.frontend import importer as frontend
+from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.runtime import runner
+from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.te import program as te_program
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.core.targets import make_target
 from souffle_tvm.transforms import horizontal, two_phase, vertical
 from souffle_tvm.zoo.builder import GraphBuilder
 
@@ -124,7 +130,8 @@ def test_two_phase_kernel_compiles_with_nvcc():
 
 # -- dynamic shared memory above 48 KB for GEMM stages -------------------------------------------
 def _gemm_func():
-    from souffle_tvm import emit, partition
+    from souffle_tvm.codegen import emit
+    from souffle_tvm.partition import groups as partition
 
     mm = next(t for t in _program(gemm_then("layernorm")).stages() if t.op.name == "matmul")
     return emit.group_primfunc(partition.Group([mm]), [mm])[0]
@@ -136,7 +143,7 @@ def _scopes(func):
 
 
 def test_gemm_tiles_over_48kb_go_to_dynamic_shared_memory():
-    from souffle_tvm import schedule
+    from souffle_tvm.codegen import schedule
 
     small = schedule.schedule_group(_gemm_func(), CUDA, 256)                     # K tile 16: 8.7 KB
     big = schedule.schedule_group(_gemm_func(), CUDA, 256, gemm_k_tile=128)     # 2 x 64 x 130 x 4 B
@@ -146,7 +153,7 @@ def test_gemm_tiles_over_48kb_go_to_dynamic_shared_memory():
 
 
 def test_occupancy_counts_dynamic_shared_memory_and_its_opt_in_limit():
-    from souffle_tvm import hardware
+    from souffle_tvm.core import hardware
 
     h = hardware.GPUS["h200"]
     # 66944 B + 1 KB reserved per block: 233472 // 67968 = 3 blocks by shared memory
@@ -156,7 +163,7 @@ def test_occupancy_counts_dynamic_shared_memory_and_its_opt_in_limit():
 
 @needs_nvcc
 def test_stitched_kernel_with_dynamic_shared_memory_compiles_and_fits():
-    from souffle_tvm import hardware
+    from souffle_tvm.core import hardware
 
     c = compile_model(gemm_then("layernorm"), "cuda", "souffle", level="v3", gemm_k_tile=128)
     (k,) = c.report.kernels

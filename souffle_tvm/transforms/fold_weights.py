@@ -15,8 +15,8 @@ import numpy as np
 import tvm
 from tvm import te
 
-from .. import te_rewrite
-from ..te_program import TEProgram
+from ..te import rewrite as te_rewrite
+from ..te.program import TEProgram
 
 
 @dataclass

@@ -18,8 +18,8 @@ import numpy as np
 import tvm_ffi
 from tvm import te, tirx
 
-from .. import analysis, te_rewrite
-from ..te_program import TEProgram, consumers_of
+from ..te import analysis, rewrite as te_rewrite
+from ..te.program import TEProgram, consumers_of
 
 
 @dataclass

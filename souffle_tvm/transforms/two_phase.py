@@ -25,12 +25,11 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from .. import analysis, te_rewrite
-from ..te_program import TEProgram
+from ..te import analysis, rewrite as te_rewrite
+from ..core.geometry import MATMUL_TILE
+from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG, TILE_ATTR
+from ..te.program import TEProgram
 
-PARTIAL_TAG = "souffle_partial"     # te.compute tag of first-phase stages (schedule.PartialRows)
-ATOMIC_ATTR = "souffle_atomic"      # ... of those accumulated with atomics (schedule.AtomicRows)
-TILE_ATTR = "souffle_partial_tile"  # the GEMM tile width a first-phase stage reduces
 
 
 @dataclass
@@ -86,9 +85,10 @@ def tiled_like_partials(gemm: te.Tensor) -> bool:
     of 16x16 threads (not, e.g., dlight's tensor-core variant); only then can a partial be
     block-local to it. Decided for CUDA, whatever the target, so the CPU twin runs the same
     program."""
-    from .. import emit, schedule, stitch
-    from ..partition import Group
-    from ..targets import make_target
+    from ..codegen import emit, schedule
+    from ..stitch import kernel as stitch
+    from ..partition.groups import Group
+    from ..core.targets import make_target
 
     func, _ = emit.group_primfunc(Group([gemm]), [gemm])
     key = tvm_ffi.structural_hash(func)
@@ -171,7 +171,6 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
     ``schedule.AtomicRows``) instead of a partial buffer and a combine; the order of the
     additions, hence the rounding, is then not fixed. Max and softmax's exp-sum stay
     deterministic (no float atomic for them)."""
-    from ..schedule import MATMUL_TILE
 
     tile = tile or MATMUL_TILE
     stages = prog.stages()

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from tvm import te, tirx
 
-from .. import analysis, te_rewrite, tir_stats
-from ..te_program import TEProgram, consumers_of
+from ..te import analysis, rewrite as te_rewrite
+from ..core import tir_stats
+from ..te.program import TEProgram, consumers_of
 
 
 @dataclass

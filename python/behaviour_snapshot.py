@@ -1,0 +1,106 @@
+"""Snapshot what the compiler decides, to show a refactor changed nothing.
+
+For each (model, size, level) it compiles through the public ``souffle_tvm.compile`` (an API
+every version of the package has) for CUDA sm_90 and writes one JSON line: the report's
+groups, reasons, subprograms and kernels (grid, block, registers, shared memory, spills,
+launches, bytes, flops, stages, grid syncs) and the SHA-256 of the CUDA source. Timings are
+left out (they differ run to run).
+
+    python python/behaviour_snapshot.py --out before.jsonl            # on the old commit
+    python python/behaviour_snapshot.py --out after.jsonl             # on the new one
+    python python/behaviour_snapshot.py --compare before.jsonl after.jsonl
+
+``--quick`` takes the six small models at v0-v4 only; the default adds the six full-size
+models at v2 and v3 (about 15 minutes on 2 cores with a warm ptxas cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+MODELS = ("bert", "resnext", "lstm", "efficientnet", "swin", "mmoe")
+SMALL_LEVELS = ("v0", "v1", "v2", "v3", "v4")
+FULL_LEVELS = ("v2", "v3")
+VOLATILE = {"compile_seconds", "nvcc"}   # wall times
+
+
+def cases(quick: bool) -> list[tuple[str, bool, str]]:
+    out = [(m, True, lv) for m in MODELS for lv in SMALL_LEVELS]
+    if not quick:
+        out += [(m, False, lv) for m in MODELS for lv in FULL_LEVELS]
+    return out
+
+
+def snapshot(model: str, small: bool, level: str) -> dict:
+    import souffle_tvm
+
+    c = souffle_tvm.compile(model, "cuda", fusion="souffle", small=small, level=level, arch="sm_90")
+    rep = {k: v for k, v in c.report.to_json().items() if k not in VOLATILE}
+    src = c.cuda_source or ""
+    return {"case": f"{model}/{'small' if small else 'full'}/{level}", "report": rep,
+            "cuda_sha256": hashlib.sha256(src.encode()).hexdigest()}
+
+
+def _diff(a, b, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{path}.{k}: only in {'after' if k not in a else 'before'}")
+            else:
+                out += _diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {str(a)[:160]!r} -> {str(b)[:160]!r}"]
+
+
+def compare(before: str, after: str) -> int:
+    load = lambda p: {r["case"]: r for r in map(json.loads, open(p))}   # noqa: E731
+    a, b = load(before), load(after)
+    bad = 0
+    for case in sorted(set(a) | set(b)):
+        if case not in a or case not in b:
+            print(f"{case}: only in {'after' if case not in a else 'before'}")
+            bad += 1
+            continue
+        diffs = _diff(a[case], b[case])
+        print(f"{case}: {'identical' if not diffs else f'{len(diffs)} difference(s)'}")
+        for d in diffs[:12]:
+            print(f"    {d}")
+        bad += bool(diffs)
+    print(f"{len(set(a) & set(b)) - bad} of {len(set(a) | set(b))} cases identical")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--quick", action="store_true", help="small models only")
+    ap.add_argument("--only", nargs="*", help="case prefixes, e.g. lstm/full")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    args = ap.parse_args(argv)
+    if args.compare:
+        return compare(*args.compare)
+    with open(args.out, "a") as f:
+        for model, small, level in cases(args.quick):
+            name = f"{model}/{'small' if small else 'full'}/{level}"
+            if args.only and not any(name.startswith(p) for p in args.only):
+                continue
+            t = time.perf_counter()
+            try:
+                rec = snapshot(model, small, level)
+            except Exception as err:   # recorded, so before/after compare the failure too
+                rec = {"case": name, "error": f"{type(err).__name__}: {err}"[:500]}
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.flush()
+            print(f"{name}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

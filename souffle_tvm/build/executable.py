@@ -1,0 +1,180 @@
+"""The ``--fusion tvm`` path: TVM's own default Relax pipeline, with its kernels inventoried.
+
+The default pipeline is run in two halves so the kernel structure can be read in between:
+(1) library dispatch + legalization (LegalizeOps, FuseOps, FuseTIR, dlight on CUDA): the
+fused module, whose ``main`` calls each PrimFunc; (2) dataflow lowering + finalization,
+given to ``tvm.compile`` as its Relax pipeline. The TIR pipeline is TVM's default s_tir
+pipeline plus one read-only pass that records every device kernel it produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.s_tir.pipeline import default_s_tir_pipeline
+
+from ..core import tir_stats
+from ..core.targets import is_cuda
+
+
+@dataclass
+class DeviceKernel:
+    """One ``__global__`` function as TVM lowered it."""
+
+    name: str
+    primfunc: str
+    grid: list[int]
+    block: list[int]
+    global_buffers: dict[str, int]
+    stored: set[str]
+    dyn_shared_bytes: int = 0
+    cooperative: bool = False
+
+
+@dataclass
+class BuildResult:
+    executable: relax.Executable
+    fused: tvm.IRModule
+    kernels: list[DeviceKernel]
+    calls: dict[str, int]                 # PrimFunc name -> calls per inference from main
+    flops: dict[str, dict[str, int]]      # PrimFunc name -> {written buffer: flops}
+    footprints: dict[str, dict[str, int]]  # PrimFunc name -> {param buffer: bytes touched}
+    seconds: float
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+# -- recording TIR pipeline ---------------------------------------------------------------------
+_recording: list[list[DeviceKernel]] = []
+
+
+def _dyn_shared_bytes(func: tirx.PrimFunc) -> int:
+    total = 0
+
+    def alloc(node):
+        nonlocal total
+        if str(node.buffer.ty.storage_scope) == "shared.dyn":
+            total += tir_stats.buffer_bytes(node.buffer)
+
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, alloc))
+    return total
+
+
+@tvm.transform.module_pass(opt_level=0, name="souffle_tvm.RecordDeviceKernels")
+def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Read-only: remember each device kernel's launch shape and global buffers."""
+    if not _recording:
+        return mod
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
+            continue
+        if "tirx.kernel_launch_params" not in func.attrs:
+            continue
+        grid, block = tir_stats.launch_extents(func)
+        name = gv.name_hint
+        primfunc = name.split("_kernel")[0] if "_kernel" in name else name
+        _recording[-1].append(DeviceKernel(
+            name, primfunc, grid, block, tir_stats.kernel_global_buffers(func),
+            tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func),
+            "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])))
+    return mod
+
+
+def _recording_pipeline():
+    from ..stitch.kernel import attach_cooperative_launch
+
+    pipeline, host, device = default_s_tir_pipeline()
+    # Kernels without a grid sync are left untouched by attach_cooperative_launch.
+    return tvm.transform.Sequential([pipeline, attach_cooperative_launch, record_device_kernels]), host, device
+
+
+TIR_PIPELINE = "souffle_tvm.recorded"   # TVM's s_tir pipeline + cooperative tag + kernel record
+tirx.register_tir_pipeline(TIR_PIPELINE, _recording_pipeline)
+
+
+@contextlib.contextmanager
+def recording():
+    _recording.append([])
+    try:
+        yield _recording[-1]
+    finally:
+        _recording.pop()
+
+
+# -- the pipeline halves ------------------------------------------------------------------------
+def _backend(target: tvm.target.Target):
+    if is_cuda(target):
+        from tvm.relax.backend.cuda import pipeline
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline
+    return pipeline
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """First half of TVM's default pipeline: dispatch, legalize, FuseOps/FuseTIR (and dlight on CUDA)."""
+    p = _backend(target)
+    with target:
+        return tvm.transform.Sequential(p.library_dispatch_passes(target) + p.legalize_passes(target))(mod)
+
+
+def lower_passes(target: tvm.target.Target) -> tvm.transform.Pass:
+    """Second half: dataflow lowering and VM finalization."""
+    p = _backend(target)
+    return tvm.transform.Sequential(p.dataflow_lower_passes(target) + p.finalize_passes(target))
+
+
+def primfunc_calls(mod: tvm.IRModule) -> dict[str, int]:
+    """Calls per inference of each PrimFunc from ``main`` (TVM's fused form: one call_tir each).
+
+    A reshape PrimFunc launches nothing: the lowering half's RewriteDataflowReshape turns its
+    call into a zero-copy view, so it is applied before counting (a GPU trace confirmed it).
+    """
+    mod = relax.transform.RewriteDataflowReshape()(mod)
+    prim = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    calls: dict[str, int] = {}
+
+    def visit(node):
+        if isinstance(node, relax.Call):
+            for arg in [node.op, *node.args]:
+                if isinstance(arg, tvm.ir.GlobalVar) and arg.name_hint in prim:
+                    calls[arg.name_hint] = calls.get(arg.name_hint, 0) + 1
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return calls
+
+
+def unscheduled_stats(mod: tvm.IRModule, target: tvm.target.Target):
+    """Per PrimFunc: useful flops and buffer footprints, read before any GPU schedule
+    (so tile padding is not counted)."""
+    # The CPU backend's legalization is the CUDA one without dlight's schedules: the same
+    # fused PrimFuncs (same names), unscheduled.
+    from tvm.relax.backend.cpu_generic import pipeline as unscheduled
+
+    with target:
+        unsched = tvm.transform.Sequential(unscheduled.library_dispatch_passes(target)
+                                           + unscheduled.legalize_passes(target))(mod)
+    funcs = {gv.name_hint: f for gv, f in unsched.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return ({n: tir_stats.block_flops(f) for n, f in funcs.items()},
+            {n: tir_stats.block_footprints(f) for n, f in funcs.items()})
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target, stats_from: tvm.IRModule | None = None) -> BuildResult:
+    """Build ``mod`` with TVM's default pipeline and return the executable and its kernel inventory.
+
+    Flops and footprints are read from ``stats_from`` (default ``mod``) before any schedule; pass
+    the unscheduled twin of a module whose PrimFuncs arrive already scheduled.
+    """
+    t0 = time.perf_counter()
+    fused = fuse(mod, target)
+    t1 = time.perf_counter()
+    with recording() as kernels:
+        ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline=TIR_PIPELINE)
+    t2 = time.perf_counter()
+    calls = primfunc_calls(fused)
+    flops, footprints = unscheduled_stats(stats_from if stats_from is not None else mod, target)
+    return BuildResult(ex, fused, list(kernels), calls, flops, footprints, t2 - t0,
+                       {"fuse": t1 - t0, "codegen": t2 - t1, "inventory": time.perf_counter() - t2})

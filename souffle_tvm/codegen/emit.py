@@ -1,0 +1,100 @@
+"""TEProgram + Partition → a Relax module: one PrimFunc per group, called from ``main``.
+
+Each group's members are rebuilt over placeholders for what they read from outside the
+group, so ``te.create_prim_func`` makes exactly the group's blocks. Group PrimFuncs are marked
+opaque to FuseOps (``op_pattern`` = kOpaque) so TVM's fuser never redraws our boundaries;
+opaque Relax ops are emitted as they were and go through TVM's default path.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te
+
+from ..core.ir_names import K_OPAQUE
+from ..te import rewrite as te_rewrite
+from ..partition.groups import Group, Partition, group_outputs
+from ..te.program import TEProgram
+
+
+
+def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.PrimFunc, list[te.Tensor]]:
+    """The group as one PrimFunc; returns it and the external tensors its params stand for."""
+    members = {m.op for m in group.members}
+    externals: list[te.Tensor] = []
+    ext_ph: dict = {}
+    new_of: dict = {}
+
+    def load_fn(tensor, idx):
+        if tensor.op in new_of:
+            return new_of[tensor.op][tensor.value_index](*idx)
+        if tensor.op in members:
+            raise AssertionError("members are rebuilt in topological order")
+        key = (tensor.op, tensor.value_index)
+        if key not in ext_ph:
+            externals.append(tensor)
+            ext_ph[key] = te.placeholder(tensor.shape, tensor.dtype, name=tensor.op.name)
+        return ext_ph[key](*idx)
+
+    for m in group.members:
+        if m.op not in new_of:
+            new_of[m.op] = te_rewrite.rebuild(m.op, load_fn)
+    outs = [new_of[o.op][o.value_index] for o in outputs]
+    params = [ext_ph[(t.op, t.value_index)] for t in externals]
+    func = te.create_prim_func(params + outs)
+    # create_prim_func names every function "main"; the Relax module gives it a symbol later.
+    func = func.without_attr("global_symbol").with_attr("op_pattern", K_OPAQUE)
+    return func, externals
+
+
+def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule:
+    """``main(inputs..., weights...)`` calling one PrimFunc per group, in the partition's order.
+
+    The parameters are the program's inputs then its weights (``prog.weight_arrays()`` order).
+    ``schedule(func) -> func`` schedules each group PrimFunc (identity when None).
+    """
+    placeholders = list(prog.inputs) + list(prog.weights)
+    params = [relax.Var(t.op.name, relax.TensorType([int(d) for d in t.shape], str(t.dtype))) for t in placeholders]
+    num_input = len(prog.inputs)
+    outputs_of = group_outputs(prog, part.groups)
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", params, attrs={"num_input": num_input}):
+        with bb.dataflow():
+            env: dict = {}
+            for t, p in zip(placeholders, params):
+                env[(t.op, t.value_index)] = p
+            for t, value in prog.constants.items():
+                env[(t.op, t.value_index)] = relax.const(value, str(t.dtype))
+            for g in part.groups:
+                if g.opaque is not None:
+                    _emit_opaque(bb, g, env)
+                    continue
+                outs = outputs_of[id(g)]
+                func, externals = group_primfunc(g, outs)
+                if schedule is not None:
+                    func = schedule(func)
+                gv = bb.add_func(func, f"souffle_{g.name}")
+                args = [env[(x.op, x.value_index)] for x in externals]
+                sinfo = [relax.TensorType([int(d) for d in o.shape], str(o.dtype)) for o in outs]
+                call = relax.call_tir(gv, args, sinfo if len(sinfo) > 1 else sinfo[0])
+                value = bb.emit(call)
+                for i, o in enumerate(outs):
+                    env[(o.op, o.value_index)] = value if len(outs) == 1 else bb.emit(relax.TupleGetItem(value, i))
+            result = [env[(t.op, t.value_index)] for t in prog.outputs]
+            out = bb.emit_output(result[0] if len(result) == 1 else relax.Tuple(result))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _emit_opaque(bb: relax.BlockBuilder, g: Group, env: dict) -> None:
+    o = g.opaque
+    remap = {v: env[(t.op, t.value_index)] for v, t in o.inputs.items()}
+    call = o.call
+    args = [remap.get(a, a) if isinstance(a, relax.Var) else a for a in call.args]
+    value = bb.emit(relax.Call(call.op, args, call.attrs, call.sinfo_args if hasattr(call, "sinfo_args") else None))
+    if len(o.outputs) == 1:
+        env[(o.outputs[0].op, 0)] = value
+    else:
+        for i, t in enumerate(o.outputs):
+            env[(t.op, 0)] = bb.emit(relax.TupleGetItem(value, i))

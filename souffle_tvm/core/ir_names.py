@@ -1,0 +1,15 @@
+"""Names one step stamps on IR and a later step reads.
+
+They live here, below every step, so that the writer and the reader share them without one
+importing the other (a transform must not import code generation to learn a tag's name).
+"""
+
+PARTIAL_TAG = "souffle_partial"       # te.compute tag of a two-phase reduction's first phase
+ATOMIC_ATTR = "souffle_atomic"        # ... on a first phase accumulated with atomics (AtomicRows)
+TILE_ATTR = "souffle_partial_tile"    # the GEMM tile width a first-phase stage reduces
+K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
+SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
+NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
+STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count
+STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
+PREFETCH = "souffle.prefetch"         # on a V4 L2 prefetch loop: a hint, no semantics

@@ -1,0 +1,217 @@
+"""ONNX → Relax: load, validate and import a model, with clear errors for bad input.
+
+Adds this project's converters (``onnx_rnn``) to TVM's importer for the duration of an import.
+Weights stay out of the IR: they are detached as parameters, passed after the model inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import tvm
+from google.protobuf.message import DecodeError
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+from tvm.relax.frontend.onnx import onnx_frontend as _onnx
+
+from . import onnx_control, onnx_fold, onnx_rnn
+from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
+
+_NP_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class ImportedModel:
+    """A model in Relax: ``mod["main"]`` takes ``inputs`` then ``params`` (in that order)."""
+
+    name: str
+    mod: tvm.IRModule
+    params: list[np.ndarray]
+    inputs: list[TensorInfo]
+    outputs: list[str]
+    onnx_model: onnx.ModelProto = field(repr=False)
+
+
+def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
+               dtype: str = "float32") -> tuple[str, onnx.ModelProto]:
+    """Return ``(name, ModelProto)`` for an ONNX file path, a ModelProto or a zoo model name."""
+    from .. import zoo
+
+    if isinstance(source, onnx.ModelProto):
+        return source.graph.name or "model", source
+    path = os.fspath(source)
+    if not os.path.exists(path) and path in zoo.MODELS:
+        name = path + ("-small" if small else "") + ("-fp16" if dtype == "float16" else "")
+        return name, zoo.build(path, small=small, dtype=dtype)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file, and not a zoo model ({', '.join(zoo.names())})")
+    try:
+        with open(path, "rb") as f:
+            model = onnx.load_model_from_string(f.read())
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(f"{path}: not a readable ONNX model (truncated or corrupt file?): {err}") from err
+    if not model.graph.node:
+        raise ModelLoadError(f"{path}: the ONNX graph is empty (truncated or not an ONNX model?)")
+    _load_external_data(model, path)
+    return os.path.splitext(os.path.basename(path))[0], model
+
+
+def _load_external_data(model: onnx.ModelProto, path: str) -> None:
+    """Read weights stored beside the model (``X.onnx.data``, as PyTorch's dynamo exporter writes)."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    if not any(uses_external_data(t) for t in model.graph.initializer):
+        return
+    try:
+        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except (OSError, ValueError, onnx.checker.ValidationError) as err:
+        raise ModelLoadError(f"{path}: its weights are stored in a separate file that could not be read "
+                             f"(keep the .data file beside the model): {err}") from err
+
+
+def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None) -> list[TensorInfo]:
+    """The model's true inputs (initializers excluded), with static shapes or a DynamicShapeError."""
+    shapes = shapes or {}
+    inits = {t.name for t in model.graph.initializer}
+    infos = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = _NP_DTYPES.get(tt.elem_type)
+        if dtype is None:
+            raise UnsupportedOperatorError(f"input {vi.name!r} has unsupported element type "
+                                           f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+        if vi.name in shapes:
+            infos.append(TensorInfo(vi.name, tuple(int(d) for d in shapes[vi.name]), dtype))
+            continue
+        dims = []
+        for i, d in enumerate(tt.shape.dim):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                label = d.dim_param or "?"
+                raise DynamicShapeError(
+                    f"input {vi.name!r} has a dynamic dimension {i} ({label!r}); souffle-tvm compiles "
+                    f"static shapes only: export with fixed sizes or give the shape "
+                    f"(shapes={{'{vi.name}': (...)}})")
+            dims.append(d.dim_value)
+        infos.append(TensorInfo(vi.name, tuple(dims), dtype))
+    return infos
+
+
+def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Shapes for the model's inputs with dynamic dims, taken from the given arrays (``run --inputs``).
+
+    Inputs whose dims are all static keep them: an array of another shape is then reported as a
+    mismatch by the run, rather than silently recompiling the model for it.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        if vi.name in inits or vi.name not in arrays:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+            shapes[vi.name] = tuple(int(n) for n in np.shape(arrays[vi.name]))
+    return shapes
+
+
+@contextlib.contextmanager
+def _project_converters():
+    """Temporarily extend TVM's ONNX converter table with ours."""
+    original = _onnx._get_convert_map
+    _onnx._get_convert_map = lambda: {**original(), **onnx_rnn.CONVERTERS}
+    try:
+        yield
+    finally:
+        _onnx._get_convert_map = original
+
+
+def supported_ops() -> set[str]:
+    with _project_converters():
+        return set(_onnx._get_convert_map()) | {"Constant", "If"}
+
+
+def check_operators(model: onnx.ModelProto) -> None:
+    known = supported_ops()
+    missing: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            missing.setdefault(f"{node.domain}::{node.op_type}", node.name)
+        elif node.op_type not in known:
+            missing.setdefault(node.op_type, node.name)
+    if missing:
+        listed = ", ".join(f"{op} (node {name!r})" for op, name in missing.items())
+        raise UnsupportedOperatorError(f"unsupported ONNX operator(s): {listed}")
+
+
+def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed.
+
+    They are not weights: exporters use them for Gather indices and shape arithmetic, which
+    should fold at compile time rather than run as kernels.
+    """
+    func = mod["main"]
+    num_input = int(func.attrs["num_input"])
+    values = params.get("main", [])
+    keep, bind = [], {}
+    for p, v in zip(func.params[num_input:], values):
+        if str(v.dtype).startswith(("int", "uint", "bool")):
+            bind[p] = relax.const(v.numpy(), str(v.dtype))
+        else:
+            keep.append(v.numpy())
+    if bind:
+        mod = relax.transform.BindParams("main", bind)(mod)
+        mod = relax.transform.FoldConstant()(mod)
+    return mod, keep
+
+
+def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
+                dtype: str = "float32", fold: bool = True) -> ImportedModel:
+    """Load, validate and import an ONNX model into Relax with its weights detached.
+
+    With ``fold`` (the default) the model's run-time shape arithmetic and constant control flow
+    are folded first, for the static input shapes (``onnx_fold``); ``fold=False`` hands the
+    graph to TVM's importer as it is. ``ImportedModel.onnx_model`` stays the unfolded model, so
+    a reference run checks the folding too.
+    """
+    name, model = load_model(source, small=small, dtype=dtype)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        raise ModelLoadError(f"{name}: invalid ONNX model: {str(err).splitlines()[0]}") from err
+    inputs = graph_inputs(model, shapes)
+    converted = model
+    if fold and onnx_fold.needs_folding(model):
+        converted = onnx_fold.fold(model, {i.name: i.shape for i in inputs})
+    elif fold:  # nothing to fold, but data-dependent shapes still get a clear error, not TVM's
+        onnx_control.check_control_flow(model)
+        onnx_fold.check_static(model)
+    check_operators(converted)
+    try:
+        with _project_converters():
+            mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
+                            dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
+    except SouffleError:
+        raise
+    except Exception as err:  # TVM raises many types; name the failure, keep the cause chained
+        raise UnsupportedOperatorError(f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
+                                       f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from err
+    mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+    outputs = [o.name for o in model.graph.output]
+    return ImportedModel(name, mod, weights, inputs, outputs, model)

@@ -1,0 +1,408 @@
+"""GPU semantics on the CPU: run scheduled and stitched CUDA kernels with llvm.
+
+A kernel's TIR, lowered to launch form (the stitcher's form: ``launch_thread`` attributes,
+grid-stride stage loops, ``grid_sync`` between stages), becomes a CPU PrimFunc that keeps
+what the GPU would do and drops what makes it parallel:
+
+* each launch region (one ``__global__``) runs after the previous one; inside it, the phases
+  between grid syncs run one after the other, each over all blocks in order, so a stage that
+  reads another block's result without a grid sync reads poison;
+* inside a block, threads run in lock step statement by statement (every statement for all
+  threads before the next), which is what the barriers TVM's ThreadSync inserts guarantee;
+  statements under thread-dependent control flow run per thread as a unit and may not
+  contain a barrier;
+* per-thread locals become arrays over the block's threads; shared memory is per block;
+  wmma fragments are per warp, and each wmma intrinsic runs once per warp (see ``_wmma``);
+  a cross-thread reduction (``tvm_thread_allreduce``) combines the values of its group of
+  threads in thread order;
+* every output and every shared/local buffer is filled with NaN before it is written.
+
+What it cannot catch: warp-level timing (it never runs two threads at once), memory-model
+races that a real GPU would expose (a read of another thread's global write inside one
+phase sees it here, as if fenced), and intra-block barrier placement (TVM's ThreadSync pass
+is trusted). docs/emulator.md says the same with examples.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from ..errors import EmulationError, SouffleError
+from ..te.rewrite import cast_like, dtype_of, uses
+from ..stitch.dependence import ATOMIC_ADD
+from ..stitch.rolling import unroll
+from ..stitch.kernel import BARRIERS, calls_to, is_grid_sync, launch_form, op_name, strip_prefetch
+
+_I64 = "int64"
+# CUDA warp matrix intrinsics (m = n = k = 16): see _Block._wmma
+_WMMA = ("tirx.tvm_fill_fragment", "tirx.tvm_load_matrix_sync", "tirx.tvm_store_matrix_sync", "tirx.tvm_mma_sync")
+_WARP, _MNK, _TILE = 32, 16, 256
+
+
+def _i64(v) -> tirx.PrimExpr:
+    return tirx.const(v, _I64)
+
+
+def _cast(dtype: str, e) -> tirx.PrimExpr:
+    return e if dtype_of(e) == dtype else tirx.Cast(dtype, e)
+
+
+def _as64(e) -> tirx.PrimExpr:
+    return _cast(_I64, e)
+
+
+def _prod(es: list) -> tirx.PrimExpr:
+    out = _i64(1)
+    for e in es:
+        out = out * e
+    return out
+
+
+def _seq(stmts: list) -> tirx.Stmt:
+    flat = []
+    for s in stmts:
+        flat.extend(s.seq if isinstance(s, tirx.SeqStmt) else [s])
+    if not flat:
+        return tirx.Evaluate(_i64(0))
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
+    """Fill a float buffer with NaN (other dtypes are left alone)."""
+    ty = buf.ty
+    if not str(ty.dtype).startswith(("float", "bfloat")):
+        return None
+    shape = list(ty.shape)
+    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(shape))]
+    store = tirx.BufferStore(buf, tirx.const(float("nan"), str(ty.dtype)), list(prefix or []) + loops)
+    for v, e in reversed(list(zip(loops, shape))):
+        store = tirx.For(v, _i64(0), e if dtype_of(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
+    return store
+
+
+class _Block:
+    """Lock-step emulation of one thread block's statements."""
+
+    def __init__(self, thread_vars: dict, n_threads: int):
+        self.thread_vars = thread_vars          # Var -> (stride, extent) in the flat thread index
+        self.n = n_threads
+        self.locals: dict = {}                  # original local buffer -> per-thread array
+        self.shared: dict = {}                  # original shared buffer -> per-block buffer
+        self.frags: dict = {}                   # original wmma.* buffer -> per-warp tiles
+
+    # -- per-thread substitution ---------------------------------------------------------------
+    def _thread_exprs(self, t) -> dict:
+        return {v: tirx.floormod(tirx.floordiv(t, _i64(stride)), _i64(ext)) if stride > 1 else tirx.floormod(t, _i64(ext))
+                for v, (stride, ext) in self.thread_vars.items()}
+
+    def per_thread(self, node, t):
+        """``node`` as executed by thread ``t``: thread vars and buffers replaced."""
+        tmap = self._thread_exprs(t)
+
+        def var(v):
+            return cast_like(tmap[v], v) if v in tmap else v
+
+        def load(x):
+            if x.source in self.frags:
+                raise EmulationError(f"an element access to the wmma fragment {x.source.name}")
+            if x.source in self.locals:
+                return tirx.BufferLoad(self.locals[x.source], [t] + list(x.indices))
+            if x.source in self.shared:
+                return tirx.BufferLoad(self.shared[x.source], list(x.indices))
+            return x
+
+        def store(s):
+            if s.buffer in self.frags:
+                raise EmulationError(f"an element access to the wmma fragment {s.buffer.name}")
+            if s.buffer in self.locals:
+                return tirx.BufferStore(self.locals[s.buffer], s.value, [t] + list(s.indices))
+            if s.buffer in self.shared:
+                return tirx.BufferStore(self.shared[s.buffer], s.value, list(s.indices))
+            return s
+
+        node = tvm_ffi.structural_map(node, (tirx.Evaluate, lambda ev: self._wmma(ev.value, t)
+                                             if op_name(ev.value) in _WMMA else ev))
+        node = tvm_ffi.structural_map(node, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)])
+        return tvm_ffi.structural_map(node, (tirx.Var, var))
+
+    def for_all_threads(self, stmt) -> tirx.Stmt:
+        t = tirx.Var("t", _I64)
+        return tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, _serial(self.per_thread(stmt, t)))
+
+    # -- lock step -----------------------------------------------------------------------------
+    def run(self, stmt) -> tirx.Stmt:
+        tv = set(self.thread_vars)
+        if isinstance(stmt, tirx.SeqStmt):
+            return _seq([self.run(s) for s in stmt.seq])
+        if isinstance(stmt, tirx.AllocBuffer):
+            return self._alloc(stmt.buffer)
+        if isinstance(stmt, tirx.For) and not uses(stmt.min, tv) and not uses(stmt.extent, tv):
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, self.run(stmt.body))
+        if isinstance(stmt, tirx.IfThenElse) and not uses(stmt.condition, tv):
+            return tirx.IfThenElse(stmt.condition, self.run(stmt.then_case),
+                                   self.run(stmt.else_case) if stmt.else_case is not None else None)
+        if isinstance(stmt, tirx.AttrStmt):
+            if stmt.attr_key == "reduce_scope":
+                return self._allreduce(stmt)
+            if stmt.attr_key in ("thread_extent", "virtual_thread"):
+                raise EmulationError("a launch attribute inside a kernel body")
+            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
+        if isinstance(stmt, tirx.Evaluate) and op_name(stmt.value) == "tirx.tvm_storage_sync":
+            return tirx.Evaluate(_i64(0))       # lock step is already synchronised
+        if is_grid_sync(stmt):
+            raise EmulationError("a grid sync inside a stage loop (only between stages is modelled)")
+        if calls_to(stmt, BARRIERS):
+            raise EmulationError("a barrier under thread-dependent control flow: "
+                                 "some threads would never reach it")
+        return self.for_all_threads(stmt)
+
+    def _alloc(self, buf) -> tirx.Stmt:
+        ty = buf.ty
+        scope = str(ty.storage_scope)
+        if scope.startswith("local") or scope == "warp":
+            new = tirx.decl_buffer([_i64(self.n)] + list(ty.shape), ty.dtype, f"{buf.name}_per_thread", scope="global")
+            self.locals[buf] = new
+            fill = _poison(new)
+        elif scope.startswith("wmma."):
+            numel = 1
+            for e in ty.shape:
+                numel *= int(e)
+            if numel % _TILE:
+                raise EmulationError(f"a wmma fragment buffer {buf.name} of {numel} elements (not 16x16 tiles)")
+            new = tirx.decl_buffer([_i64((self.n + _WARP - 1) // _WARP), _i64(numel)], ty.dtype, f"{buf.name}_per_warp",
+                                   scope="global")
+            self.frags[buf] = new
+            fill = _poison(new)
+        elif scope.startswith("shared"):
+            new = tirx.decl_buffer(list(ty.shape), ty.dtype, f"{buf.name}_block", scope="global")
+            self.shared[buf] = new
+            fill = _poison(new)
+        else:
+            return tirx.AllocBuffer(buf)
+        return _seq([tirx.AllocBuffer(new)] + ([fill] if fill is not None else []))
+
+    # -- warp matrix intrinsics ---------------------------------------------------------------
+    def _wmma(self, call, t) -> tirx.Stmt:
+        """A wmma intrinsic as thread ``t`` sees it (arguments not yet substituted). CUDA has all 32
+        lanes of a warp call it with warp-uniform arguments and the fragment belongs to the warp,
+        so under lock step one execution per warp is the warp's: lane 0 runs it, as a scalar loop
+        nest over 16x16 tiles; fragment ``index`` i is the row-major tile at [i*256, (i+1)*256)
+        of the warp's array (matrix_a m x k, matrix_b k x n, accumulator m x n)."""
+        name, args = op_name(call), list(call.args)
+        if any(int(a.value) != _MNK for a in (args[1:4] if name != "tirx.tvm_mma_sync" else [])):
+            raise EmulationError(f"{name} with a fragment shape other than 16x16x16")
+        warp = tirx.floordiv(t, _i64(_WARP))
+        r, c, k = (tirx.Var(v, _I64) for v in ("wr", "wc", "wk"))
+
+        def frag(data, index, row, col):          # (buffer, indices) of one fragment element
+            buf = self.frags.get(data.args[0]) if op_name(data) == "tirx.buffer_data" else None
+            if buf is None:
+                raise EmulationError(f"{name} on {data}, not a wmma fragment of this block")
+            return buf, [warp, _as64(index) * _i64(_TILE) + row * _i64(_MNK) + col]
+
+        def mem(ptr, stride, layout, row, col):   # (buffer, indices) behind tvm_access_ptr(type, data, offset, ...)
+            if op_name(ptr) != "tirx.tvm_access_ptr" or op_name(ptr.args[1]) != "tirx.buffer_data":
+                raise EmulationError(f"{name} through {ptr}, not a tvm_access_ptr into a buffer")
+            buf = ptr.args[1].args[0]
+            if dtype_of(ptr.args[0]) != str(buf.ty.dtype):
+                raise EmulationError(f"{name} through a {dtype_of(ptr.args[0])} pointer into {buf.name}")
+            if str(layout.value) not in ("row_major", "col_major"):
+                raise EmulationError(f"{name} with layout {layout.value}")
+            lead, minor = (row, col) if str(layout.value) == "row_major" else (col, row)
+            flat = _as64(ptr.args[2]) + lead * _as64(stride) + minor
+            shape = [_as64(e) for e in buf.ty.shape]
+            strides = [_as64(e) for e in buf.ty.strides] or [_prod(shape[i + 1:]) for i in range(len(shape))]
+            return buf, [tirx.floordiv(flat if i == 0 else tirx.floormod(flat, strides[i - 1]), strides[i])
+                         for i in range(len(shape))]
+
+        def nest(body, loops=(r, c)):
+            for v in reversed(loops):
+                body = tirx.For(v, _i64(0), _i64(_MNK), tirx.ForKind.SERIAL, body)
+            return body
+
+        def put(target, value):
+            return tirx.BufferStore(target[0], _cast(str(target[0].ty.dtype), value), target[1])
+
+        if name == "tirx.tvm_fill_fragment":      # (frag, m, n, k, index, value)
+            body = nest(put(frag(args[0], args[4], r, c), args[5]))
+        elif name == "tirx.tvm_load_matrix_sync":  # (frag, m, n, k, index, ptr, stride, layout)
+            body = nest(put(frag(args[0], args[4], r, c), tirx.BufferLoad(*mem(*args[5:8], r, c))))
+        elif name == "tirx.tvm_store_matrix_sync":  # the inverse
+            body = nest(put(mem(*args[5:8], r, c), tirx.BufferLoad(*frag(args[0], args[4], r, c))))
+        else:                                      # mma (D, di, A, ai, B, bi, C, ci): D = A @ B + C
+            d = frag(args[0], args[1], r, c)
+            acc = str(d[0].ty.dtype)
+            prod = (_cast(acc, tirx.BufferLoad(*frag(args[2], args[3], r, k)))
+                    * _cast(acc, tirx.BufferLoad(*frag(args[4], args[5], k, c))))
+            body = nest(_seq([put(d, tirx.BufferLoad(*frag(args[6], args[7], r, c))),
+                              nest(put(d, tirx.BufferLoad(*d) + prod), (k,))]))
+        return tirx.IfThenElse(tirx.floormod(t, _i64(_WARP)) == _i64(0), body, None)
+
+    def _stride(self, e) -> int:
+        """How far apart in the flat thread index consecutive values of the thread index ``e``
+        (a thread var, or one peeled off the flat index: ``t // s``, ``t % m``, ``t // s % m``) are."""
+        if isinstance(e, (tirx.FloorMod, tirx.Cast)):
+            return self._stride(e.a if isinstance(e, tirx.FloorMod) else e.value)
+        if isinstance(e, tirx.FloorDiv) and isinstance(e.b, tirx.IntImm):
+            return int(e.b.value) * self._stride(e.a)
+        if isinstance(e, tirx.Var) and e in self.thread_vars:
+            return self.thread_vars[e][0]
+        raise EmulationError(f"a cross-thread reduction over {e}, not a thread index")
+
+    def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
+        """``tvm_thread_allreduce(size, v, cond, out, *idx)``: every thread of a group gets the
+        combination, in thread order, of its group's values where ``cond`` holds. Groups: threads
+        whose flat indices agree once the reduced thread dimensions (``idx``, each with its
+        stride) are zeroed: a reduction over ``threadIdx.x`` groups by warp row, one over
+        ``threadIdx.y`` by lane."""
+        reducer = attr.node
+        calls = calls_to(attr.body, ("tirx.tvm_thread_allreduce",))
+        if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
+            raise EmulationError("an unexpected cross-thread reduction form")
+        args = list(calls[0].args)
+        size = int(args[0].value)
+        if size != 1:
+            raise EmulationError(f"a {size}-value cross-thread reduction (only one value is modelled)")
+        value, cond, out, idx = args[1], args[2], args[3], args[4:]
+        if not isinstance(out, tvm.ir.TensorLoad):
+            raise EmulationError("a cross-thread reduction whose result is not a buffer element")
+        # one accumulator per group, indexed by the group key t - idx(t) (in [0, n)): O(n)
+        acc = tirx.decl_buffer([_i64(self.n)], dtype_of(value), "allreduce_acc", scope="global")
+
+        def key(th):
+            # the group of thread th: its flat index with the reduced thread dimensions zeroed
+            k = th
+            for e in idx:
+                k = k - tirx.Cast(_I64, self.per_thread(e, th)) * _i64(self._stride(e))
+            return k if idx else _i64(0)
+
+        t = [tirx.Var(f"t{i}", _I64) for i in range(3)]
+        at = lambda th: tirx.BufferLoad(acc, [key(th)])  # noqa: E731
+        combined = tvm_ffi.structural_map(reducer.result[0], (tirx.Var, lambda v: at(t[1]) if v.same_as(reducer.lhs[0])
+                                                              else (self.per_thread(value, t[1])
+                                                                    if v.same_as(reducer.rhs[0]) else v)))
+        loops = [
+            tirx.BufferStore(acc, reducer.identity_element[0], [key(t[0])]),
+            tirx.IfThenElse(self.per_thread(cond, t[1]), tirx.BufferStore(acc, combined, [key(t[1])]), None),
+            self.per_thread(tirx.BufferStore(out.source, at(t[2]), list(out.indices)), t[2]),
+        ]
+        return _seq([tirx.AllocBuffer(acc)] + [tirx.For(th, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)
+                                               for th, body in zip(t, loops)])
+
+
+def _serial(stmt):
+    """Vectorized/unrolled loops become serial: the CPU program need not vectorise."""
+    return tvm_ffi.structural_map(stmt, (tirx.For, lambda f: tirx.For(f.loop_var, f.min, f.extent, tirx.ForKind.SERIAL,
+                                                                       f.body) if f.kind != tirx.ForKind.SERIAL else f))
+
+
+def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
+    """Launch attributes off the top of a region; virtual threads become serial loops."""
+    blocks, threads, vthreads = {}, {}, []
+    node = region
+    while isinstance(node, tirx.AttrStmt) and node.attr_key in ("thread_extent", "virtual_thread"):
+        iv = node.node
+        tag = str(iv.thread_tag)
+        if node.attr_key == "virtual_thread":
+            vthreads.append((iv.var, node.value))
+        else:
+            (blocks if tag.startswith("blockIdx") else threads)[tag] = (iv.var, int(node.value))
+        node = node.body
+    for var, ext in reversed(vthreads):
+        node = tirx.For(var, tirx.const(0, dtype_of(var)), ext if dtype_of(ext) == dtype_of(var) else tirx.Cast(dtype_of(var), ext),
+                        tirx.ForKind.SERIAL, node)
+    return blocks, threads, node
+
+
+def _launch(region, reverse: bool = False) -> tirx.Stmt:
+    """One ``__global__``: its phases in order, each over every block (last block first when
+    ``reverse``: a read of an *earlier* block's result without a grid sync then reads poison)."""
+    blocks, threads, body = _peel(region)
+    order = [threads[k] for k in ("threadIdx.x", "threadIdx.y", "threadIdx.z") if k in threads]
+    thread_vars, stride = {}, 1
+    for var, ext in order:
+        thread_vars[var] = (stride, ext)
+        stride *= ext
+    n_threads = max(stride, 1)
+    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    phases, cur = [], []
+    for s in seq:
+        if is_grid_sync(s):
+            phases.append(cur)
+            cur = []
+        else:
+            cur.append(s)
+    phases.append(cur)
+    out = []
+    for phase in phases:
+        emu = _Block(thread_vars, n_threads).run(_seq(phase))
+        # fresh block loop variables per phase: one definition each
+        fresh = {var: tirx.Var(var.name, dtype_of(var)) for var, _ in blocks.values()}
+        emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v: fresh.get(v, v)))
+        for tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z"):
+            if tag in blocks:
+                var, ext = blocks[tag]
+                if reverse:
+                    down = tirx.Var(var.name + "_down", dtype_of(var))
+                    emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v, f=fresh[var], d=down, e=ext:
+                                                      tirx.const(e - 1, dtype_of(v)) - d if v.same_as(f) else v))
+                    fresh[var] = down
+                emu = tirx.For(fresh[var], tirx.const(0, dtype_of(var)), tirx.const(ext, dtype_of(var)), tirx.ForKind.SERIAL, emu)
+        out.append(emu)
+    return _seq(out)
+
+
+def _written_params(func: tirx.PrimFunc) -> list:
+    stored = []
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, lambda s: stored.append(s.buffer)))
+    return [p for p in func.params if any(p.same_as(b) for b in stored)]
+
+
+def _atomics_in_order(node):
+    """``atomicAdd(&buf[i], v)`` becomes ``buf[i] = buf[i] + v``: threads run one after another
+    here, so the additions happen in thread order (one of the orders a GPU may pick)."""
+    def conv(ev):
+        call = ev.value
+        if op_name(call) != ATOMIC_ADD:
+            return ev
+        target = call.args[0].args[0]
+        return tirx.BufferStore(target.source, tirx.BufferLoad(target.source, list(target.indices)) + call.args[1],
+                                list(target.indices))
+    return tvm_ffi.structural_map(node, (tirx.Evaluate, conv))
+
+
+def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel",
+                     reverse: bool = False) -> tirx.PrimFunc:
+    """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
+    ``reverse`` runs each phase's blocks last to first."""
+    low = launch_form(unroll(strip_prefetch(func), fresh=True), target, name)
+    low = tirx.PrimFunc(low.params, _atomics_in_order(low.body), attrs=low.attrs)
+    top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
+    body = []
+    for p in _written_params(low):
+        fill = _poison(p)
+        if fill is not None:
+            body.append(fill)
+    for item in top:
+        if isinstance(item, tirx.AllocBuffer):
+            body.append(item)
+            fill = _poison(item.buffer)
+            if fill is not None:
+                body.append(fill)
+        elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
+            body.append(_launch(item, reverse))
+        else:
+            raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
+    attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
+    attrs.update({"global_symbol": name, "tirx.noalias": True})
+    return tirx.PrimFunc(low.params, _seq(body), attrs=tvm.ir.DictAttrs(attrs))
+
+
+def emulate_module(mod: tvm.IRModule, target: tvm.target.Target, reverse: bool = False) -> tvm.IRModule:
+    """Every PrimFunc of a CUDA-scheduled module replaced by its CPU emulation (Relax ``main`` kept)."""
+    out = {}
+    for gv, f in mod.functions.items():
+        out[gv] = emulate_primfunc(f, target, gv.name_hint, reverse) if isinstance(f, tirx.PrimFunc) else f
+    return tvm.IRModule(out, attrs=mod.attrs)

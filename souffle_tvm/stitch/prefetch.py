@@ -1,0 +1,126 @@
+"""V4's cross-stage optimisation: the next segment's inputs are prefetched into L2 before the
+grid sync that separates them.
+
+In a stitched kernel the stages between two grid syncs (a *segment*) cannot start before the
+sync, but the buffers they read from outside the kernel (weights, the inputs of the model or
+of an earlier kernel) do not depend on anything the kernel computes. So each block, once done
+with its share of a segment, issues ``prefetch.global.L2`` for its share of the 128-byte lines
+of the inputs the *next* segment reads first, then waits at the sync: that DRAM traffic
+overlaps the wait for the slowest block and the sync itself, and the next segment finds its
+weights in L2 (the paper's "tiles prefetched before the grid sync").
+
+Why at the end of a segment rather than its start: there the stages' registers are dead.
+Planted at the start, the prefetch loops pushed ResNeXt-101's stitched kernels into ptxas
+spills (28-152 B), and the ptxas feedback split them (6 -> 8 launches); at the end the
+kernels keep V3's 80 registers, no spills, and V3's 6 launches.
+
+A prefetch is a hint with no semantics: results are unchanged, the stitching checks and the
+emulator ignore it (``stitch.is_prefetch``). The lines one segment prefetches are capped at a share of
+L2 so that they do not evict what the current segment is using.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import tirx
+
+from . import kernel as stitch
+from ..core import tir_stats
+from ..core.ir_names import PREFETCH
+
+LINE_BYTES = 128                     # an L2 cache line on sm_80 / sm_90
+L2_SHARE = 0.5                       # at most this share of L2 prefetched ahead of one segment
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    segment: int        # the segment whose end issues it (it is read first by segment + 1)
+    buffer: tirx.Buffer
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+
+def _ptx():
+    from tvm.backend.cuda.ptx import PTXNamespace
+
+    return PTXNamespace()
+
+
+def _segments(seq: list) -> list[list[int]]:
+    """Positions of the statements between grid syncs, in order."""
+    out: list[list[int]] = [[]]
+    for i, stmt in enumerate(seq):
+        if stitch.is_grid_sync(stmt):
+            out.append([])
+        else:
+            out[-1].append(i)
+    return out
+
+
+def plan(func: tirx.PrimFunc, l2_bytes: int) -> list[Prefetch]:
+    """What ``plant`` prefetches: per segment after the first, the kernel's input buffers
+    (never written by the kernel) that it reads before any earlier segment has, in parameter
+    order, while the segment's total stays within ``L2_SHARE`` of ``l2_bytes``."""
+    seq = stitch.stage_loops(func)
+    params = [p for p in func.params if hasattr(p, "ty") and hasattr(p.ty, "shape")]
+    accesses = [stitch.accesses(stmt) for stmt in seq]
+    written = [p for p in params if any(b.same_as(p) for _, stores in accesses for b in stores)]
+    inputs = [p for p in params if not any(p.same_as(w) for w in written)]
+    seen: list = []
+    out = []
+    for s, positions in enumerate(_segments(seq)):
+        reads = [p for p in inputs if any(b.same_as(p) for i in positions for b in accesses[i][0])]
+        fresh = [p for p in reads if not any(p.same_as(q) for q in seen)]
+        seen += fresh
+        if s == 0:
+            continue      # the first segment's inputs: nothing runs before it to overlap with
+        budget = int(l2_bytes * L2_SHARE)
+        for p in fresh:
+            size = tir_stats.buffer_bytes(p)
+            if size <= budget:
+                out.append(Prefetch(s - 1, p, size))
+                budget -= size
+    return out
+
+
+def _prefetch_loop(buf, gid, threads: int) -> tirx.Stmt:
+    """Thread ``gid`` of ``threads`` prefetches lines gid, gid + threads, ... of ``buf``."""
+    i64 = lambda v: tirx.const(v, "int64")  # noqa: E731
+    numel = math.prod(int(d) for d in buf.ty.shape)
+    per_line = max(LINE_BYTES // tir_stats.dtype_bytes(buf.ty.dtype), 1)
+    lines = math.ceil(numel / per_line)
+    # A flat view of the same memory: a line's address is one multiply, where the buffer's own
+    # shape would cost a division per dimension (and registers the stages around need).
+    flat = tirx.decl_buffer((numel,), buf.ty.dtype, buf.name + "_lines", data=buf.data)
+    j = tirx.Var("pf", "int64")
+    call = _ptx()["prefetch.global.L2"](tirx.address_of(tirx.BufferLoad(flat, [(gid + j * i64(threads)) * i64(per_line)])))
+    trip = tirx.floordiv(i64(lines) - gid + i64(threads - 1), i64(threads))
+    body = tirx.SeqStmt([tirx.DeclBuffer(flat, data=buf.data), tirx.Evaluate(call)])
+    return tirx.For(j, i64(0), trip, tirx.ForKind.SERIAL, body, annotations={PREFETCH: i64(tir_stats.buffer_bytes(buf))})
+
+
+def plant(func: tirx.PrimFunc, l2_bytes: int) -> tuple[tirx.PrimFunc, list[Prefetch]]:
+    """``func`` (a stitched kernel) with the prefetches of ``plan`` just before each grid sync."""
+    todo = plan(func, l2_bytes)
+    if not todo:
+        return func, []
+    bid, grid = stitch.launch_var(func, "blockIdx.x")
+    tid, block = stitch.launch_var(func, "threadIdx.x")
+    gid = bid * tirx.const(block, "int64") + tid
+    seq = stitch.stage_loops(func)
+    planted: dict[int, list] = {}
+    for pf in todo:
+        planted.setdefault(pf.segment, []).append(_prefetch_loop(pf.buffer, gid, grid * block))
+    out, segment = [], 0
+    for stmt in seq:
+        if stitch.is_grid_sync(stmt):
+            out += planted.get(segment, [])
+            segment += 1
+        out.append(stmt)
+    return stitch.replace_stages(func, out), todo
+
