@@ -16,12 +16,12 @@ import tvm
 
 from souffle_tvm import zoo
 from souffle_tvm.core import estimate
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.pipeline.driver import compile as compile_model
 
 
 def stitched_estimate(func: tvm.tirx.PrimFunc) -> estimate.Estimate:
-    stages = [s for s in stitch.stage_loops(func) if isinstance(s, tvm.tirx.For)]
+    stages = [s for s in kernel_ir.stage_loops(func) if isinstance(s, tvm.tirx.For)]
     return estimate.kernel([estimate.stage(s.body) for s in stages])
 
 

@@ -252,7 +252,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     from souffle_tvm.build import executable as build_tvm
     from souffle_tvm.core import hardware
     from souffle_tvm.build import ptxas as resources
-    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.stitch import kernel, kernel_ir, lower
     from souffle_tvm.core.targets import make_target
 
     target = make_target("cuda", ARCH)
@@ -266,9 +266,9 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
         mod = tvm.IRModule({"main": te.create_prim_func(tensors)})
         with target:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
-        stages += stitch.lower_stage(f"s{k}", mod["main"], target)
+        stages += lower.lower_stage(f"s{k}", mod["main"], target)
     name = f"probe_{kind}"
-    func, _, _ = stitch.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
+    func, _, _ = kernel.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
     if kind == "nosync":
         func = _without_grid_syncs(func)
     lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=build_tvm.TIR_PIPELINE)
@@ -282,13 +282,13 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     return {"name": name, "kind": kind, "lib": str(path.relative_to(out)), "func": name, "kernel": kname,
             "cubin": store.path(src).name, "grid": grid, "block": block, "n": n, "shift": shift,
             "registers": res[kname].registers, "predicted_blocks_per_sm": occ.blocks_per_sm,
-            "grid_sync": stitch.has_grid_sync(func)}
+            "grid_sync": kernel_ir.has_grid_sync(func)}
 
 
 def _without_grid_syncs(func):
-    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.stitch import kernel_ir
 
-    return stitch.replace_stages(func, [s for s in stitch.stage_loops(func) if not stitch.is_grid_sync(s)])
+    return kernel_ir.replace_stages(func, [s for s in kernel_ir.stage_loops(func) if not kernel_ir.is_grid_sync(s)])
 
 
 # == run (device) =================================================================================

@@ -39,3 +39,11 @@ class ScheduleError(SouffleError):
 
 class StitchError(SouffleError):
     """The stages cannot be stitched as given (mismatched block sizes, barriers under guards...)."""
+
+
+class OptionsError(SouffleError, ValueError):
+    """A compile option has a value that does not exist, or does not apply to the target."""
+
+
+class CoresidencyError(SouffleError):
+    """A cooperative kernel's grid cannot be co-resident on the GPU: grid.sync() would deadlock."""

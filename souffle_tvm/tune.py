@@ -26,8 +26,11 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from .build.executable import primfunc_calls
 from .codegen import database as db
-from .errors import SouffleError, TuningError
+from .pipeline import results
+from .pipeline.options import Options
+from .errors import TuningError
 from .core.targets import describe, is_cuda
 
 
@@ -68,10 +71,7 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, le
     stages it stitches) are not v2's. The pipeline runs once with the default schedules; only
     its unscheduled twin is kept.
     """
-    from .pipeline import stitching as pipeline
-    from .build.executable import primfunc_calls
-
-    result = pipeline.run(mod, target, params, level=level)
+    result = results.run(mod, target, params, Options(level=level))
     calls = primfunc_calls(result.unscheduled)
     tasks: list[Task] = []
     seen: dict[int, list[Task]] = {}

@@ -56,16 +56,16 @@ def _gemm(m, n, k, dtype="float16"):
 def test_fp16_gemm_gets_a_256_thread_tensor_core_schedule():
     """fp16 GEMMs join stitched kernels on tensor cores (dlight's own rule needs 512 threads)."""
     from souffle_tvm.codegen import schedule
-    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.stitch import kernel_ir, lower
     from souffle_tvm.core.targets import make_target
 
     cuda = make_target("cuda")
     s = schedule.schedule_group(_gemm(128, 256, 128), cuda, 256)
     assert s.rule == "TensorCoreMatmul"
-    assert stitch.why_not_stitchable(s.func, cuda, 256) is None
-    (stage,) = stitch.lower_stage("g", s.func, cuda)
+    assert lower.why_not_stitchable(s.func, cuda, 256) is None
+    (stage,) = lower.lower_stage("g", s.func, cuda)
     assert stage.num_threads == 256 and stage.num_blocks == (128 // 64) * (256 // 128)
-    assert stitch.calls_to(stage.body, ["tirx.tvm_mma_sync"])
+    assert kernel_ir.calls_to(stage.body, ["tirx.tvm_mma_sync"])
     # dlight alone (no stitching) keeps its 512-thread tensor-core schedule
     assert schedule.schedule_group(_gemm(128, 256, 128), cuda).rule == "Matmul"
 
@@ -110,7 +110,7 @@ def test_column_reduction_gets_a_256_thread_schedule_that_computes_x_times_w():
 
     from souffle_tvm.runtime import emulate
     from souffle_tvm.codegen import schedule
-    from souffle_tvm.stitch import kernel as stitch
+    from souffle_tvm.stitch import lower
     from souffle_tvm.core.targets import make_target
 
     cuda, m, k, n = make_target("cuda"), 1, 256, 1024
@@ -119,7 +119,7 @@ def test_column_reduction_gets_a_256_thread_schedule_that_computes_x_times_w():
     out = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="gemv")
     scheduled = schedule.schedule_group(te.create_prim_func([x, w, out]), cuda, 256)
     assert scheduled.rule == "ColumnReduction"
-    [stage] = stitch.lower_stage("gemv", scheduled.func, cuda)
+    [stage] = lower.lower_stage("gemv", scheduled.func, cuda)
     assert stage.num_threads == 256 and stage.num_blocks == n // 16
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((k, n)).astype("float32")

@@ -8,9 +8,10 @@ import tvm_ffi
 
 from conftest import ZOO
 from souffle_tvm.runtime import emulate
-from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import runner
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import EmulationError
@@ -20,7 +21,7 @@ CUDA = make_target("cuda")
 
 def _v3(name):
     m = import_onnx(name, small=True, dtype="float32")
-    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
 def _run_emulated(m, souffle, mod=None):
@@ -54,9 +55,9 @@ def _replace_stitched(souffle, func):
 def test_a_missing_grid_sync_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
-    seq = stitch.stage_loops(func)
-    first = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
-    broken = stitch.replace_stages(func, seq[:first] + seq[first + 1:])
+    seq = kernel_ir.stage_loops(func)
+    first = next(i for i, s in enumerate(seq) if kernel_ir.is_grid_sync(s))
+    broken = kernel_ir.replace_stages(func, seq[:first] + seq[first + 1:])
     cmp = _run_emulated(m, souffle, _replace_stitched(souffle, broken))
     assert not all(c.ok(1e-5) for c in cmp)
 
@@ -66,23 +67,23 @@ def test_a_grid_stride_indexing_error_is_caught(bert):
     m, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
     bid = func.body.node.var                    # blockIdx.x of the stitched kernel
-    seq = stitch.stage_loops(func)
+    seq = kernel_ir.stage_loops(func)
     # inside the first stage loop (its trip count untouched), the virtual block id it*G + bid
     # becomes it*G + bid // 2: some virtual blocks run twice, others never
     loop = seq[0]
     body = tvm_ffi.structural_map(loop.body, (tirx.Var, lambda v: tirx.floordiv(v, tirx.const(2, "int64"))
                                               if v.same_as(bid) else v))
     planted = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body)
-    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, stitch.replace_stages(func, [planted] + seq[1:])))
+    cmp = _run_emulated(m, souffle, _replace_stitched(souffle, kernel_ir.replace_stages(func, [planted] + seq[1:])))
     assert not all(c.ok(1e-5) for c in cmp)
 
 
 def test_a_barrier_under_a_thread_condition_is_refused(bert):
     _, souffle = bert
     func = souffle.mod["souffle_stitched_0"]
-    seq = stitch.stage_loops(func)
+    seq = kernel_ir.stage_loops(func)
     tid = func.body.body.node.var
-    i = next(i for i, s in enumerate(seq) if not stitch.is_grid_sync(s) and stitch.calls_to(s, stitch.BARRIERS))
+    i = next(i for i, s in enumerate(seq) if not kernel_ir.is_grid_sync(s) and kernel_ir.calls_to(s, kernel_ir.BARRIERS))
     guarded = tirx.IfThenElse(tid < tirx.const(128, "int64"), seq[i], None)
     with pytest.raises(EmulationError, match="barrier|grid sync"):
-        emulate.emulate_primfunc(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)
+        emulate.emulate_primfunc(kernel_ir.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), CUDA)

@@ -4,6 +4,8 @@ The prefetches must be placed one segment ahead of their first reader, cover onl
 kernel never writes, stay within the L2 share, reach the CUDA source as ``prefetch.global.L2``,
 and change nothing the kernel computes (emulated against onnxruntime)."""
 
+import dataclasses
+
 import pytest
 import tvm
 import tvm_ffi
@@ -12,10 +14,11 @@ from tvm import tirx
 from souffle_tvm.pipeline import driver as api
 from souffle_tvm.runtime import emulate
 from souffle_tvm.core import hardware
-from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import prefetch
 from souffle_tvm.runtime import runner
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
 
@@ -25,7 +28,7 @@ CUDA = make_target("cuda")
 @pytest.fixture(scope="module")
 def bert_v4():
     m = import_onnx("bert", small=True, dtype="float32")
-    return m, pipeline.run(m.mod, CUDA, m.params, level="v4")
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v4"))
 
 
 def _buffers_read(stmt) -> list:
@@ -44,14 +47,14 @@ def _prefetched(stmt):
 def test_prefetches_run_one_segment_ahead_of_their_first_reader(bert_v4):
     _, souffle = bert_v4
     func = souffle.mod[souffle.stitched[0].function]
-    seq = stitch.stage_loops(func)
-    loops = [i for i, s in enumerate(seq) if stitch.is_prefetch(s)]
+    seq = kernel_ir.stage_loops(func)
+    loops = [i for i, s in enumerate(seq) if kernel_ir.is_prefetch(s)]
     assert loops, "no prefetch planted"
     segment_of, seg = [], 0
     for s in seq:
-        seg += stitch.is_grid_sync(s)
+        seg += kernel_ir.is_grid_sync(s)
         segment_of.append(seg)
-    stages = [i for i, s in enumerate(seq) if not stitch.is_prefetch(s) and not stitch.is_grid_sync(s)]
+    stages = [i for i, s in enumerate(seq) if not kernel_ir.is_prefetch(s) and not kernel_ir.is_grid_sync(s)]
     stored = []
     for i in stages:
         tvm_ffi.structural_walk(seq[i], (tirx.BufferStore, lambda x: stored.append(x.buffer)))
@@ -62,15 +65,15 @@ def test_prefetches_run_one_segment_ahead_of_their_first_reader(bert_v4):
         readers = [j for j in stages if any(same(b) for b in _buffers_read(seq[j]))]
         assert readers, f"{data} is prefetched but never read"
         assert segment_of[readers[0]] == segment_of[i] + 1, f"{data}: not one segment ahead of its first reader"
-        assert stitch.is_grid_sync(seq[i + 1]) or stitch.is_prefetch(seq[i + 1]), "a prefetch not right before a sync"
-    planned = prefetch.plan(stitch.strip_prefetch(func), hardware.for_arch("sm_90").l2_bytes)
+        assert kernel_ir.is_grid_sync(seq[i + 1]) or kernel_ir.is_prefetch(seq[i + 1]), "a prefetch not right before a sync"
+    planned = prefetch.plan(kernel_ir.strip_prefetch(func), hardware.for_arch("sm_90").l2_bytes)
     assert len(planned) == len(loops)
     assert souffle.stitched[0].prefetched_bytes == sum(p.bytes for p in planned) > 0
 
 
 def test_the_l2_share_caps_what_one_segment_prefetches(bert_v4):
     _, souffle = bert_v4
-    func = stitch.strip_prefetch(souffle.mod[souffle.stitched[0].function])
+    func = kernel_ir.strip_prefetch(souffle.mod[souffle.stitched[0].function])
     full = prefetch.plan(func, 60 * 2**20)
     largest = max(p.bytes for p in full)
     capped = prefetch.plan(func, int(largest / prefetch.L2_SHARE) - 1)    # the largest no longer fits
@@ -84,7 +87,7 @@ def test_the_l2_share_caps_what_one_segment_prefetches(bert_v4):
 
 def test_v4_emulated_matches_the_reference_and_v3_kernel_count():
     m = import_onnx("mmoe", small=True, dtype="float32")
-    souffle = pipeline.run(m.mod, CUDA, m.params, level="v4")
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v4"))
     assert sum(k.prefetched_bytes for k in souffle.stitched) > 0
     ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=make_target("llvm"))
     feeds = runner.random_inputs(m.inputs, 0)
@@ -92,7 +95,7 @@ def test_v4_emulated_matches_the_reference_and_v3_kernel_count():
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
     for cmp in runner.compare(m.outputs, outs, ref):
         assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
-    v3 = pipeline.run(m.mod, CUDA, m.params, level="v3")
+    v3 = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     assert [k.stages for k in v3.stitched] == [k.stages for k in souffle.stitched]
     assert all(k.prefetched_bytes == 0 for k in v3.stitched)
 
@@ -109,8 +112,8 @@ def test_v4_cuda_source_issues_l2_prefetches_and_the_report_counts_them():
 def test_v4_on_the_cpu_twin_is_v3():
     llvm = make_target("llvm")
     m = import_onnx("mmoe", small=True, dtype="float32")
-    v4 = pipeline.run(m.mod, llvm, m.params, level="v4")
-    assert not v4.stitched and not v4.prefetch
+    v4 = pipeline.run(m.mod, llvm, m.params, Options(level="v4"))
+    assert not v4.stitched and not v4.subprograms
 
 
 def test_feedback_drops_the_prefetch_of_a_kernel_before_splitting_it(bert_v4):
@@ -118,9 +121,9 @@ def test_feedback_drops_the_prefetch_of_a_kernel_before_splitting_it(bert_v4):
     it), keeping its subprogram; only what still does not fit is split."""
     _, souffle = bert_v4
     k = souffle.stitched[0]
-    again = pipeline.drop_prefetch(souffle, CUDA, {k.function})
+    again = pipeline.restitch(souffle, CUDA, dataclasses.replace(souffle.feedback, no_prefetch=frozenset({k.name})))
     assert again.subprograms == souffle.subprograms
-    assert again.no_prefetch == {k.name}
+    assert again.feedback.no_prefetch == {k.name}
     (k2,) = [x for x in again.stitched if x.name == k.name]
     assert k2.prefetched_bytes == 0
-    assert not any(stitch.is_prefetch(s) for s in stitch.stage_loops(again.mod[k2.function]))
+    assert not any(kernel_ir.is_prefetch(s) for s in kernel_ir.stage_loops(again.mod[k2.function]))

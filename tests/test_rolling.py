@@ -1,5 +1,6 @@
 """Repeated stages as loops inside the stitched kernel (``rolling``): the LSTM's time steps."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -7,11 +8,16 @@ import tvm
 from tvm import tirx
 
 from souffle_tvm.runtime import emulate
-from souffle_tvm.partition import groups as partition
-from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.core import hardware
+from souffle_tvm.core.estimate import Estimate
+from souffle_tvm.partition import subprograms
+from souffle_tvm.partition.subprograms import GroupFacts
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import rolling
 from souffle_tvm.runtime import runner
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.stitch import check as stitch_check, kernel_ir
+from souffle_tvm.stitch.module import stitch_module
 from souffle_tvm.core.ir_names import STAGE_BLOCKS
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
@@ -22,11 +28,11 @@ CUDA = make_target("cuda")
 @pytest.fixture(scope="module")
 def lstm():
     m = import_onnx("lstm", small=True)          # 2 layers x 8 steps
-    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
 def _rolled(func) -> list:
-    return [s for s in stitch.stage_loops(func) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations]
+    return [s for s in kernel_ir.stage_loops(func) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations]
 
 
 def _emulated(m, souffle, mod):
@@ -44,11 +50,11 @@ def test_lstm_time_steps_become_one_loop_per_layer(lstm):
     loops = _rolled(func)
     assert len(loops) == 2 and all(int(lp.extent) >= rolling.MIN_TRIPS for lp in loops)
     # the loops hold the stages of most time steps: the kernel's code is a fraction of its stages
-    stage_loops = lambda f: [s for s in stitch.stage_loops(f) if STAGE_BLOCKS in getattr(s, "annotations", {})]  # noqa: E731
+    stage_loops = lambda f: [s for s in kernel_ir.stage_loops(f) if STAGE_BLOCKS in getattr(s, "annotations", {})]  # noqa: E731
     assert len(stage_loops(func)) < len(k.stages) // 2
     # written out, the loops give back every stage, and the static check holds on that form
     assert len(stage_loops(rolling.unroll(func))) == len(k.stages)
-    assert k.safety.ok and k.grid_syncs == stitch.check(func, k.grid, None).grid_syncs
+    assert k.safety.ok and k.grid_syncs == stitch_check.check(func, k.grid, None).grid_syncs
     # the per-step tensors (gates, c, h) are slots of stacked buffers, a slot per step of the run
     stacks = [p for p in func.params if p.name.endswith("_stack")]
     assert stacks and all(min(int(lp.extent) for lp in loops) <= int(p.ty.shape[0]) <= 8 for p in stacks)
@@ -59,12 +65,12 @@ def test_a_rolled_loop_one_step_short_is_caught(lstm):
     must not pass for it.)"""
     m, souffle = lstm
     func = souffle.mod["souffle_stitched_0"]
-    seq = stitch.stage_loops(func)
+    seq = kernel_ir.stage_loops(func)
     first = next(i for i, s in enumerate(seq) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations)
     loop = seq[first]
     short = tirx.For(loop.loop_var, loop.min, tirx.const(int(loop.extent) - 1, "int64"), loop.kind, loop.body,
                      annotations={rolling.ROLLED: tirx.const(int(loop.extent) - 1, "int64")})
-    broken = stitch.replace_stages(func, seq[:first] + [short] + seq[first + 1:])
+    broken = kernel_ir.replace_stages(func, seq[:first] + [short] + seq[first + 1:])
     gv = souffle.mod.get_global_var("souffle_stitched_0")
     mod = tvm.IRModule({g: (broken if g.same_as(gv) else f) for g, f in souffle.mod.functions.items()},
                        attrs=souffle.mod.attrs)
@@ -76,7 +82,7 @@ def test_without_stackable_tensors_nothing_is_rolled(lstm, monkeypatch):
     m, souffle = lstm
     calls = [b for blk in souffle.unstitched["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"]
-    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
+    mod, kernels = stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
     assert _rolled(mod[kernels[0].function])       # stitch_module's own analysis allows it here
 
     seen = []
@@ -87,7 +93,7 @@ def test_without_stackable_tensors_nothing_is_rolled(lstm, monkeypatch):
         return real(items, keys, writes, var_of, lambda k: False, **kw)
 
     monkeypatch.setattr(rolling, "roll", nothing_stackable)
-    mod, kernels = stitch.stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
+    mod, kernels = stitch_module(souffle.unstitched, CUDA, [list(range(len(calls)))], grid=132)
     assert seen and not _rolled(mod[kernels[0].function])
     assert kernels[0].safety.ok and len(kernels[0].stages) == len(souffle.stitched[0].stages)
 
@@ -108,10 +114,12 @@ def test_repeats_are_whole_iterations_with_inputs_one_period_later():
 def test_partitioner_counts_a_repeated_group_once():
     groups = [SimpleNamespace(name=f"g{i}", opaque=None) for i in range(40)]
     repeat_of = [None, None] + [i - 1 for i in range(2, 40)]
-    kw = dict(cost=lambda i, j, k: 0, stitchable=lambda i: None, fits=lambda idx: None,
-              size=lambda i: 100, max_statements=512)
-    assert len(partition.subprograms_by_budget(groups, **kw)) > 1
-    [(idx, why)] = partition.subprograms_by_budget(groups, repeat_of=repeat_of, **kw)
+    small = [[Estimate(registers=32, shared_bytes=0, spills=False)]] * 40
+    facts = GroupFacts([None] * 40, statements=[100] * 40, stages=small)
+    gpu = hardware.for_arch("sm_90")
+    assert len(subprograms.by_budget(groups, lambda i, j, k: 0, facts, gpu, max_statements=512)) > 1
+    facts = dataclasses.replace(facts, repeat_of=repeat_of)
+    [(idx, why)] = subprograms.by_budget(groups, lambda i, j, k: 0, facts, gpu, max_statements=512)
     assert idx == list(range(40)) and why == "end of model"
 
 
@@ -119,7 +127,7 @@ def _cut_inside_the_first_layer(souffle):
     calls = [b for blk in souffle.unstitched["main"].body.blocks for b in blk.bindings
              if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"]
     cut = len(calls) // 4
-    return stitch.stitch_module(souffle.unstitched, CUDA, [list(range(cut)), list(range(cut, len(calls)))], grid=132)
+    return stitch_module(souffle.unstitched, CUDA, [list(range(cut)), list(range(cut, len(calls)))], grid=132)
 
 
 def test_tensors_read_after_the_kernel_are_not_stacked(lstm):

@@ -8,8 +8,9 @@ from tvm import tirx
 
 from conftest import ZOO, needs_nvcc, run_and_compare
 from souffle_tvm.core import hardware
-from souffle_tvm.pipeline import stitching as pipeline
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
+from souffle_tvm.stitch import check as stitch_check, kernel_ir, lower
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
@@ -18,7 +19,7 @@ from souffle_tvm.core.targets import make_target
 @pytest.fixture(scope="module")
 def bert_v3():
     m = import_onnx("bert", small=True)
-    return pipeline.run(m.mod, make_target("cuda"), m.params, level="v3", partitioner="blocks")
+    return pipeline.run(m.mod, make_target("cuda"), m.params, Options(level="v3", partitioner="blocks"))
 
 
 def test_bert_attention_block_is_one_kernel(bert_v3):
@@ -74,26 +75,26 @@ def _stitched_func(bert_v3):
 
 def test_static_check_catches_a_removed_sync(bert_v3):
     func = _stitched_func(bert_v3)
-    assert stitch.check(func, 132, 528).ok
-    seq = stitch.stage_loops(func)
-    first_sync = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
-    broken = stitch.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:])
-    problems = stitch.check(broken, 132, 528).problems
+    assert stitch_check.check(func, 132, 528).ok
+    seq = kernel_ir.stage_loops(func)
+    first_sync = next(i for i, s in enumerate(seq) if kernel_ir.is_grid_sync(s))
+    broken = kernel_ir.replace_stages(func, seq[:first_sync] + seq[first_sync + 1:])
+    problems = stitch_check.check(broken, 132, 528).problems
     assert problems and "no grid sync" in problems[0]
 
 
 def test_static_check_catches_an_oversized_grid(bert_v3):
-    problems = stitch.check(_stitched_func(bert_v3), 1000, 528).problems
+    problems = stitch_check.check(_stitched_func(bert_v3), 1000, 528).problems
     assert problems and "co-resident" in problems[0]
 
 
 def test_static_check_catches_a_guarded_barrier(bert_v3):
     func = _stitched_func(bert_v3)
-    seq = stitch.stage_loops(func)
+    seq = kernel_ir.stage_loops(func)
     tid = next(a.node.var for a in [func.body.body] if isinstance(a, tirx.AttrStmt))
-    i = next(i for i, s in enumerate(seq) if stitch.is_grid_sync(s))
+    i = next(i for i, s in enumerate(seq) if kernel_ir.is_grid_sync(s))
     guarded = tirx.IfThenElse(tid < tirx.const(128, tid.ty), seq[i], None)
-    problems = stitch.check(stitch.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
+    problems = stitch_check.check(kernel_ir.replace_stages(func, seq[:i] + [guarded] + seq[i + 1:]), 132, 528).problems
     assert any("under a condition" in p for p in problems)
 
 
@@ -112,22 +113,22 @@ def test_occupancy_follows_the_documented_rules():
 
 
 def test_subprogram_cuts_have_reasons(bert_v3):
-    from souffle_tvm.partition import groups as partition
+    from souffle_tvm.partition import groups as partition, subprograms
 
     groups = bert_v3.partition.groups
     readers = partition.readers_of(bert_v3.program)
-    cuts = partition.subprograms_by_normalization(groups, readers)
+    cuts = subprograms.by_normalization(groups, readers)
     assert [len(idx) for idx, _ in cuts] == [6, 3, 6, 3]
     assert all("normalisation" in why for _, why in cuts[:-1])
-    capped = partition.subprograms_by_normalization(groups, readers, max_groups=4)
+    capped = subprograms.by_normalization(groups, readers, max_groups=4)
     assert max(len(idx) for idx, _ in capped) == 4
     assert any(why.startswith("stage cap") for _, why in capped)
-    refused = partition.subprograms_by_normalization(groups, readers, stitchable=lambda i: "test" if i == 2 else None)
+    refused = subprograms.by_normalization(groups, readers, ["test" if i == 2 else None for i in range(len(groups))])
     assert ([2], "not stitchable: test") in refused
 
 
 def test_unstitchable_groups_stay_separate_kernels(monkeypatch):
-    monkeypatch.setattr(stitch, "why_not_stitchable", lambda f, t, b: "its schedule uses 512 threads per block")
+    monkeypatch.setattr(lower, "why_not_stitchable", lambda f, t, b: "its schedule uses 512 threads per block")
     v2 = compile_model("mmoe", "cuda", "souffle", small=True, level="v2", nvcc=False).report
     v3 = compile_model("mmoe", "cuda", "souffle", small=True, level="v3", nvcc=False).report
     assert v3.launches == v2.launches

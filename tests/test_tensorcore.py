@@ -1,4 +1,4 @@
-"""Tensor-core GEMM stages (``tensorcore.TensorCoreMatmul``: wmma 16x16x16 fragments) run on the
+"""Tensor-core GEMM stages (``codegen.rules.tensorcore.TensorCoreMatmul``: wmma 16x16x16 fragments) run on the
 CPU through the emulator's warp-matrix model and match numpy / onnxruntime, alone, with a fused
 epilogue, batched, and inside a stitched kernel; planted wmma faults are caught.
 
@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 
 from souffle_tvm.runtime import emulate
-from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import runner
 from souffle_tvm.codegen import schedule
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.codegen.rules.tensorcore import TensorCoreMatmul
+from souffle_tvm.stitch import kernel_ir, lower
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.zoo.builder import GraphBuilder
@@ -76,7 +78,7 @@ def _rel_l2(got, want):
 
 
 def _mma_calls(func):
-    return len(stitch.calls_to(func.body, ("tirx.tvm_mma_sync",)))
+    return len(kernel_ir.calls_to(func.body, ("tirx.tvm_mma_sync",)))
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +87,18 @@ def gemm32():
     return _scheduled(func), arrays, ref
 
 
+def test_tensor_core_rule_applies_as_a_dlight_rule(gemm32):
+    # its cases that do not apply: test_schedule_rules.py
+    func, _, _ = _gemm("float32")
+    with CUDA:
+        sch = TensorCoreMatmul().apply(func, CUDA, False)
+    assert isinstance(sch, s_tir.Schedule)
+    assert tvm_ffi.structural_equal(sch.mod["main"].with_attr("tirx.is_scheduled", True), gemm32[0])
+
+
 def test_tensor_core_gemm_emulated_fp32_accumulator(gemm32):
     func, arrays, ref = gemm32
-    assert _mma_calls(stitch.launch_form(func, CUDA, "k")) > 0
+    assert _mma_calls(lower.launch_form(func, CUDA, "k")) > 0
     assert _rel_l2(_emulated(func, arrays, ref.shape), ref) < 2e-3      # measured 2.1e-4 (fp16 output)
 
 
@@ -128,7 +139,7 @@ def _plant(func, pick, change, every=False):
 
 
 def _col_major_load(ev):
-    return stitch.op_name(ev.value) == "tirx.tvm_load_matrix_sync" and str(ev.value.args[-1].value) == "col_major"
+    return kernel_ir.op_name(ev.value) == "tirx.tvm_load_matrix_sync" and str(ev.value.args[-1].value) == "col_major"
 
 
 def _as_row_major(ev):
@@ -141,12 +152,12 @@ def test_a_planted_wmma_fault_is_caught(gemm32, fault):
     # planted in launch form; pin_strides keeps the shared tiles' padding when the emulator
     # lowers it again. The layouts of one fragment must agree (TVM checks), so every matrix_b
     # load turns row-major; the dropped mma is one of the unrolled, pipelined K loop's.
-    low = stitch.launch_form(func, CUDA, "k")
-    low = tirx.PrimFunc(low.params, stitch.pin_strides(low.body), attrs=low.attrs)
+    low = lower.launch_form(func, CUDA, "k")
+    low = tirx.PrimFunc(low.params, lower.pin_strides(low.body), attrs=low.attrs)
     if fault == "layout_swapped":
         low = _plant(low, _col_major_load, _as_row_major, every=True)
     elif fault == "mma_dropped":
-        low = _plant(low, lambda ev: stitch.op_name(ev.value) == "tirx.tvm_mma_sync",
+        low = _plant(low, lambda ev: kernel_ir.op_name(ev.value) == "tirx.tvm_mma_sync",
                      lambda ev: tirx.Evaluate(tirx.const(0, "int32")))
     err = _rel_l2(_emulated(low, arrays, ref.shape), ref)
     if fault == "none":
@@ -179,13 +190,13 @@ def _shared_strides(func):
 
 def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
     m = import_onnx(_mlp(), dtype="float16")
-    souffle = pipeline.run(m.mod, CUDA, m.params, level="v3")
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     stitched = [souffle.mod[k.function] for k in souffle.stitched if k.function]
     assert stitched and any(_mma_calls(f) for f in stitched)
     # lowered again (the CUDA build and the emulator both do), the shared tiles keep the
     # padded strides their wmma pointers were computed with
     for f in stitched:
-        assert _shared_strides(stitch.launch_form(f, CUDA, "k")) == _shared_strides(f)
+        assert _shared_strides(lower.launch_form(f, CUDA, "k")) == _shared_strides(f)
     ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=LLVM)
     feeds = runner.random_inputs(m.inputs, 0)
     outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))

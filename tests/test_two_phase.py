@@ -11,9 +11,10 @@ from conftest import needs_nvcc, run_and_compare
 from souffle_tvm.stitch import dependence
 from souffle_tvm.runtime import emulate
 from souffle_tvm.frontend import importer as frontend
-from souffle_tvm.pipeline import stitching as pipeline
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import runner
-from souffle_tvm.stitch import kernel as stitch
+from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.te import program as te_program
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.core.targets import make_target
@@ -57,7 +58,7 @@ def test_rows_that_do_not_tile_are_kept_with_the_reason():
 @pytest.fixture(scope="module", params=KINDS)
 def stitched(request):
     m = frontend.import_onnx(gemm_then(request.param))
-    return m, pipeline.run(m.mod, CUDA, m.params, level="v3")
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
 def _assert_emulated_matches(m, s, reverse: bool = False):
@@ -71,8 +72,8 @@ def _assert_emulated_matches(m, s, reverse: bool = False):
 
 
 def _barriers(func):
-    return ["grid" if stitch.is_grid_sync(s) else "block" if dependence.is_block_barrier(s) else "stage"
-            for s in stitch.stage_loops(func)]
+    return ["grid" if kernel_ir.is_grid_sync(s) else "block" if dependence.is_block_barrier(s) else "stage"
+            for s in kernel_ir.stage_loops(func)]
 
 
 def test_partials_run_in_the_gemm_blocks_with_one_grid_sync(stitched):
@@ -98,19 +99,19 @@ def test_cpu_twin_matches(kind):
 def test_a_removed_block_barrier_is_caught(stitched):
     _, s = stitched
     func = s.mod[s.stitched[0].name]
-    seq = stitch.stage_loops(func)
-    broken = stitch.replace_stages(func, [x for x in seq if not dependence.is_block_barrier(x)])
-    problems = stitch.check(broken, 8, 528).problems
+    seq = kernel_ir.stage_loops(func)
+    broken = kernel_ir.replace_stages(func, [x for x in seq if not dependence.is_block_barrier(x)])
+    problems = stitch_check.check(broken, 8, 528).problems
     assert problems and "no block barrier" in problems[0]
 
 
 def test_a_partial_reading_the_next_blocks_tile_needs_a_grid_sync(stitched):
     _, s = stitched
     func = s.mod[s.stitched[0].name]
-    bid, grid = stitch.launch_var(func, "blockIdx.x")
-    tid, _ = stitch.launch_var(func, "threadIdx.x")
-    loops = [x for x in stitch.stage_loops(func) if isinstance(x, tirx.For)]
-    gemm, part = (stitch.stage_view(x, bid, tid, grid) for x in loops[:2])
+    bid, grid = kernel_ir.launch_var(func, "blockIdx.x")
+    tid, _ = kernel_ir.launch_var(func, "threadIdx.x")
+    loops = [x for x in kernel_ir.stage_loops(func) if isinstance(x, tirx.For)]
+    gemm, part = (kernel_ir.stage_view(x, bid, tid, grid) for x in loops[:2])
     buf = next(p for p in func.params if p.name == "matmul")
     assert dependence.barrier_needed(gemm, buf, part, buf) == dependence.BLOCK
     one = tirx.const(1, "int64")
@@ -175,7 +176,7 @@ def test_stitched_kernel_with_dynamic_shared_memory_compiles_and_fits():
 
 def test_emulated_kernel_with_dynamic_shared_memory_matches():
     m = frontend.import_onnx(gemm_then("layernorm"))
-    s = pipeline.run(m.mod, CUDA, m.params, level="v3", gemm_k_tile=128)
+    s = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", gemm_k_tile=128))
     _assert_emulated_matches(m, s)
 
 
@@ -183,14 +184,14 @@ def test_emulated_kernel_with_dynamic_shared_memory_matches():
 @pytest.fixture(scope="module")
 def atomic_layernorm():
     m = frontend.import_onnx(gemm_then("layernorm"))
-    return m, pipeline.run(m.mod, CUDA, m.params, level="v3", reduction="atomic")
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3", reduction="atomic"))
 
 
 def test_atomic_form_sums_with_atomics_and_keeps_max_deterministic(atomic_layernorm):
     _, s = atomic_layernorm
     assert s.two_phase.split == {"T_add_sum": "sum (atomic)", "T_add_var_sum": "sum-sq (atomic)"}
     m = frontend.import_onnx(gemm_then("softmax"))
-    soft = pipeline.run(m.mod, CUDA, m.params, level="v3", reduction="atomic")
+    soft = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", reduction="atomic"))
     assert soft.two_phase.split == {"T_softmax_maxelem": "max", "T_softmax_expsum": "sum-exp"}
 
 
@@ -198,11 +199,11 @@ def test_atomic_kernel_zero_fills_first_and_syncs_before_readers(atomic_layernor
     _, s = atomic_layernorm
     (k,) = s.stitched
     func = s.mod[k.function]
-    seq = stitch.stage_loops(func)
-    assert k.safety.ok and stitch.atomic_targets(func.body)
+    seq = kernel_ir.stage_loops(func)
+    assert k.safety.ok and dependence.atomic_targets(func.body)
     # the two zero fills were hoisted ahead of the GEMM; adds and readers each behind a grid sync
     assert _barriers(func) == ["stage", "stage", "stage", "grid", "stage", "stage", "grid", "stage"]
-    assert not stitch.atomic_targets(seq[0]) and not stitch.atomic_targets(seq[1])
+    assert not dependence.atomic_targets(seq[0]) and not dependence.atomic_targets(seq[1])
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -214,9 +215,9 @@ def test_atomic_kernel_emulated_matches(atomic_layernorm, reverse):
 def _problems_without_grid_sync(souffle, which: int) -> list[str]:
     """The static check's findings on the first stitched kernel with its ``which``-th grid sync removed."""
     func = souffle.mod[souffle.stitched[0].function]
-    seq = stitch.stage_loops(func)
-    syncs = [i for i, x in enumerate(seq) if stitch.is_grid_sync(x)]
-    return stitch.check(stitch.replace_stages(func, seq[:syncs[which]] + seq[syncs[which] + 1:]), 8, 528).problems
+    seq = kernel_ir.stage_loops(func)
+    syncs = [i for i, x in enumerate(seq) if kernel_ir.is_grid_sync(x)]
+    return stitch_check.check(kernel_ir.replace_stages(func, seq[:syncs[which]] + seq[syncs[which] + 1:]), 8, 528).problems
 
 
 def test_a_reader_of_atomic_sums_without_a_grid_sync_is_caught(atomic_layernorm):
@@ -227,7 +228,7 @@ def test_a_reader_of_atomic_sums_without_a_grid_sync_is_caught(atomic_layernorm)
 def test_atomic_form_is_a_cuda_option():
     m = frontend.import_onnx(gemm_then("layernorm"))
     with pytest.raises(ValueError, match="CUDA option"):
-        pipeline.run(m.mod, make_target("llvm"), m.params, level="v3", reduction="atomic")
+        pipeline.run(m.mod, make_target("llvm"), m.params, Options(level="v3", reduction="atomic"))
 
 
 @needs_nvcc

@@ -18,6 +18,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
+from .cooperative import attach_cooperative_launch
 from ..core import tir_stats
 from ..core.targets import is_cuda
 
@@ -85,8 +86,6 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 def _recording_pipeline():
-    from ..stitch.kernel import attach_cooperative_launch
-
     pipeline, host, device = default_s_tir_pipeline()
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
     return tvm.transform.Sequential([pipeline, attach_cooperative_launch, record_device_kernels]), host, device

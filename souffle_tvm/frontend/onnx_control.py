@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import DynamicShapeError, UnsupportedOperatorError
-from .onnx_fold import SHAPE_INPUTS, constants, dynamic_sources
+from .onnx_graph import SHAPE_INPUTS, constants, dynamic_sources
 
 # Unrolling copies the body per iteration; beyond this the graph is too big to be useful.
 MAX_UNROLL = 256

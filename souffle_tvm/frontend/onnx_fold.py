@@ -15,23 +15,11 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..errors import DynamicShapeError, UnsupportedOperatorError
-
-# Inputs (by position) that TVM's importer needs as constants, with what they mean.
-SHAPE_INPUTS: dict[str, dict[int, str]] = {
-    "Reshape": {1: "shape"}, "Expand": {1: "shape"}, "ConstantOfShape": {0: "shape"},
-    "Pad": {1: "pads", 3: "axes"}, "Tile": {1: "repeats"}, "Range": {0: "start", 1: "limit", 2: "delta"},
-    "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"}, "Resize": {2: "scales", 3: "sizes"},
-    "Upsample": {1: "scales"}, "TopK": {1: "k"}, "OneHot": {1: "depth"}, "Squeeze": {1: "axes"},
-    "Unsqueeze": {1: "axes"}, "Split": {1: "split"}, "ReduceSum": {1: "axes"}, "ReduceMean": {1: "axes"},
-    "ReduceMax": {1: "axes"}, "ReduceMin": {1: "axes"}, "ReduceProd": {1: "axes"},
-    "ReduceL2": {1: "axes"}, "CumSum": {1: "axis"}, "If": {0: "condition"}, "Loop": {0: "trip count"},
-}
-
+from .onnx_control import check_control_flow, inline_control_flow
+from .onnx_graph import SHAPE_INPUTS, constants, dynamic_sources
 
 def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
     """Write static dims into the graph inputs and drop the exporter's (symbolic) value_info."""
@@ -45,37 +33,6 @@ def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     # Intermediate shapes recorded by the exporter name symbols ("batch", "s0"), which would
     # stop shape inference from replacing them with numbers.
     del model.graph.value_info[:]
-
-
-def constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            attr = node.attribute[0]
-            if attr.name == "value":
-                values[node.output[0]] = numpy_helper.to_array(attr.t)
-            elif attr.name in ("value_int", "value_float"):
-                values[node.output[0]] = np.array(attr.i if attr.name == "value_int" else attr.f)
-            elif attr.name in ("value_ints", "value_floats"):
-                values[node.output[0]] = np.array(list(attr.ints or attr.floats))
-    return values
-
-
-def dynamic_sources(graph: onnx.GraphProto, tensor: str) -> list[str]:
-    """The model inputs from which ``tensor`` is computed (the reason it is not a constant)."""
-    producers = {o: n for n in graph.node for o in n.output}
-    inputs = {vi.name for vi in graph.input}
-    seen, stack, found = set(), [tensor], []
-    while stack:
-        name = stack.pop()
-        if name in seen or not name:
-            continue
-        seen.add(name)
-        if name in inputs:
-            found.append(name)
-        elif name in producers:
-            stack.extend(producers[name].input)
-    return sorted(found)
 
 
 def check_static(model: onnx.ModelProto) -> None:
@@ -121,7 +78,6 @@ def needs_folding(model: onnx.ModelProto) -> bool:
 def fold(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of ``model`` with static input ``shapes``, its shape arithmetic folded to constants,
     constant control flow inlined, checked static (DynamicShapeError / UnsupportedOperatorError)."""
-    from .onnx_control import check_control_flow, inline_control_flow
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

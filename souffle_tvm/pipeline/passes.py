@@ -6,9 +6,13 @@ the passes compose in ``tvm.transform.Sequential`` and respect ``PassContext``
 (``disabled_pass=["souffle.HorizontalFusion"]`` turns one off; instruments see each one).
 ``PartitionAndEmit`` replaces ``main`` with calls to one PrimFunc per kernel group and leaves
 the weights ``main`` now takes in the attribute ``souffle.params`` (:func:`params_of`).
+``StitchSubprograms`` (v3, CUDA) joins consecutive groups into cooperative kernels and
+``PlantPrefetch`` (v4) adds their L2 prefetches. ``SoufflePipeline`` is all of them for a level:
 
-    seq = tvm.transform.Sequential([relax.transform.FoldConstant(), SoufflePipeline(target, params)])
-    mod = seq(mod); ex = tvm.compile(mod, target)
+    seq = tvm.transform.Sequential([relax.transform.FoldConstant(),
+                                    SoufflePipeline(target, params, Options(level="v3"))])
+    mod = seq(mod)
+    ex = tvm.compile(mod, target, tir_pipeline=COOPERATIVE_TIR_PIPELINE)
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..codegen import emit, schedule
-from ..partition import groups as partition
-from ..stitch import kernel as stitch
+from ..codegen import emit
+from ..core import hardware
+from ..core.geometry import STITCH_BLOCK
+from ..errors import SouffleError
+from ..partition import kernels, subprograms
+from ..partition.groups import readers_of, outputs_of
+from ..stitch import prefetch
+from ..stitch.module import stitch_module
 from ..te import program as te_program
-from ..codegen.database import lookup
-from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
-from ..errors import ScheduleError, SouffleError
-from ..core.targets import is_cuda
 from ..transforms import fold_weights, horizontal, two_phase, vertical
+from . import policies
+from .options import LEVELS, Feedback, Options
 
 PROGRAM = "souffle.te_program"
 INFO = "souffle.info"
@@ -34,7 +41,7 @@ PARAMS = "souffle.params"
 
 def _program(mod: tvm.IRModule) -> te_program.TEProgram:
     if mod.attrs is None or PROGRAM not in mod.attrs:
-        raise SouffleError("this Souffle pass needs a TEProgram: run souffle_tvm.passes.LowerToTE() first")
+        raise SouffleError("this Souffle pass needs a TEProgram: run souffle_tvm.pipeline.passes.LowerToTE() first")
     return mod.attrs[PROGRAM]
 
 
@@ -52,14 +59,27 @@ def with_program(mod: tvm.IRModule, prog: te_program.TEProgram) -> tvm.IRModule:
     return _store(mod, prog)
 
 
+def with_info(mod: tvm.IRModule, **info) -> tvm.IRModule:
+    """``mod`` with these entries added to what the passes recorded (e.g. to stitch it again)."""
+    return mod.with_attr(INFO, tvm_ffi.convert({**_info(mod), **info}))
+
+
 def info_of(mod: tvm.IRModule) -> dict:
-    """What the passes recorded: transform results, the partition."""
+    """What the passes recorded: transform results, the partition, the stitched kernels."""
     return _info(mod)
 
 
 def params_of(mod: tvm.IRModule) -> list[np.ndarray]:
     """The weights the emitted ``main`` takes after its inputs."""
     return list(mod.attrs[PARAMS]) if mod.attrs is not None and PARAMS in mod.attrs else []
+
+
+def without_records(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the passes' records (what is built)."""
+    for key in (INFO, PARAMS, PROGRAM):
+        if mod.attrs is not None and key in mod.attrs:
+            mod = mod.without_attr(key)
+    return mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.LowerToTE")
@@ -81,35 +101,41 @@ class LowerToTE:
         return _store(mod, te_program.lower(mod, weight_values=params))
 
 
-def _transform_pass(name: str, fn, key: str):
+def _transform_pass(name: str, fn, key: str, doc: str):
     @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         result = fn(_program(mod))
         return _store(mod, result.program, **{key: result})
 
-    _pass.__doc__ = fn.__doc__
+    _pass.__doc__ = doc
     return _pass
 
 
 def FoldWeights() -> tvm.transform.Pass:  # noqa: N802 - named like TVM's pass constructors
     """Evaluate weight-only stages at compile time (see ``transforms.fold_weights``)."""
-    return _transform_pass("souffle.FoldWeights", fold_weights, "fold_weights")
+    return _transform_pass("souffle.FoldWeights", fold_weights, "fold_weights", fold_weights.__doc__)
 
 
 def HorizontalFusion() -> tvm.transform.Pass:  # noqa: N802
     """Merge isomorphic independent contractions (see ``transforms.horizontal``)."""
-    return _transform_pass("souffle.HorizontalFusion", horizontal, "horizontal")
+    return _transform_pass("souffle.HorizontalFusion", horizontal, "horizontal", horizontal.__doc__)
 
 
 def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
     """Compose one-to-one chains into consumers (see ``transforms.vertical``)."""
-    return _transform_pass("souffle.VerticalFusion", vertical, "vertical")
+    return _transform_pass("souffle.VerticalFusion", vertical, "vertical", vertical.__doc__)
 
 
 def TwoPhaseReduction(atomic: bool = False) -> tvm.transform.Pass:  # noqa: N802
     """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
     ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA)."""
-    return _transform_pass("souffle.TwoPhaseReduction", lambda prog: two_phase(prog, atomic=atomic), "two_phase")
+    return _transform_pass("souffle.TwoPhaseReduction",
+                           lambda prog: two_phase(prog, policies.gemm_is_tiled, atomic=atomic),
+                           "two_phase", two_phase.__doc__)
+
+
+def _target(target) -> tvm.target.Target:
+    return target or tvm.target.Target.current(allow_none=True) or tvm.target.Target({"kind": "llvm"})
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.PartitionAndEmit")
@@ -124,98 +150,111 @@ class PartitionAndEmit:
         self.database = database
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        target = self.target or tvm.target.Target.current(allow_none=True) or tvm.target.Target({"kind": "llvm"})
         prog = _program(mod)
-        scheduled = _ScheduleCache(target, self.block_size, self.gemm_k_tile, self.database)
-        part = partition.partition_v2(prog, fits=scheduled.fits)
+        scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database)
+        part = kernels.partition_groups(prog)
+        readers = readers_of(prog)
+        judge = [i for i, g in enumerate(part.groups) if g.opaque is None]
+        while judge:     # schedule feedback: the partitioner splits what the schedules say to
+            why_not = {i: scheduled.why_not_fused(part.groups[i], outputs_of(part.groups[i], readers)) for i in judge}
+            part.groups, judge = kernels.split_unschedulable(part.groups, why_not)
         out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
-        info = {**_info(mod), "partition": part, "program": prog,
-                "unscheduled": emit.emit_module(prog, part)}
+        info = {**_info(mod), "partition": part, "program": prog, "unscheduled": emit.emit_module(prog, part)}
         return (out.with_attr(PARAMS, tvm_ffi.convert([tvm.runtime.tensor(a) for a in prog.weight_arrays()]))
                 .with_attr(INFO, tvm_ffi.convert(info)))
 
 
-class _ScheduleCache:
-    """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
-    when it holds a usable record for it (``database.lookup``), else by the default rules."""
+@tvm.transform.module_pass(opt_level=0, name="souffle.StitchSubprograms")
+class StitchSubprograms:
+    """Join consecutive groups into subprograms (``partition.subprograms``) and stitch each into
+    ONE cooperative kernel (``stitch.module``). CUDA only; the groups must have been scheduled
+    with ``STITCH_BLOCK`` threads (``PartitionAndEmit(block_size=STITCH_BLOCK)``).
 
-    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None):
+    ``feedback``: what a build with ptxas found (cuts to force, grids to launch)."""
+
+    def __init__(self, target: tvm.target.Target | None = None, partitioner: str = "budget",
+                 feedback: Feedback | None = None):
         self.target = target
-        self.block_size = block_size
-        self.gemm_k_tile = gemm_k_tile
-        self.database = database
-        self.cache: dict = {}
+        self.partitioner = partitioner
+        self.feedback = feedback or Feedback()
 
-    def __call__(self, func) -> schedule.Scheduled:
-        bucket = self.cache.setdefault(tvm_ffi.structural_hash(func), [])
-        for seen, done in bucket:
-            if tvm_ffi.structural_equal(seen, func):
-                return done
-        done = self._tuned(func) if self.database is not None else None
-        if not isinstance(done, schedule.Scheduled):
-            why = done
-            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
-            if self.database is not None:    # say where each schedule came from (the report reads it)
-                out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
-                done = schedule.Scheduled(out.with_attr(NOTE_ATTR, why) if why else out, done.rule, done.notes)
-        bucket.append((func, done))
-        return done
-
-    def _tuned(self, func) -> schedule.Scheduled | str | None:
-        """The database's schedule of ``func``, or why its record cannot be used (None: no record)."""
-        tuned, why = lookup(self.database, func, self.target)
-        if tuned is None:
-            return why
-        if self.block_size is not None and is_cuda(self.target):
-            # A stitched kernel has ONE block size: a tuned stage with other thread counts (or
-            # virtual threads) would be refused by the stitcher, so the default rules keep it.
-            bad = stitch.why_not_stitchable(tuned, self.target, self.block_size)
-            if bad is not None:
-                return f"tuned schedule not used: {bad}"
-        out = tuned.with_attr("tirx.is_scheduled", True).with_attr(SOURCE_ATTR, "database")
-        return schedule.Scheduled(out, "database")
-
-    def fits(self, group: partition.Group, outputs: list) -> str | None:
-        """None when the group schedules as well as its anchor does alone; else why not."""
-        func, _ = emit.group_primfunc(group, outputs)
-        try:
-            done = self(func)
-        except ScheduleError as err:
-            return str(err)
-        rule = done.rule
-        anchor = group.anchor
-        if anchor is None or len(group.members) == 1:
-            return None
-        alone, _ = emit.group_primfunc(partition.Group([anchor]), [anchor])
-        try:
-            anchor_rule = self(alone).rule
-        except ScheduleError:
-            return None
-        if schedule.RANK[rule] < schedule.RANK[anchor_rule]:
-            # why the anchor's rule did not take the fused group, when it said so (notes are
-            # "Rule: why" joined by "; ")
-            why = [n for n in done.notes.split("; ") if n.split(":")[0] in (anchor_rule, f"{anchor_rule}256")]
-            because = f" ({why[0]})" if why else ""
-            return f"fused, dlight schedules it with {rule}{because}; the anchor alone gets {anchor_rule}"
-        return None
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = _target(self.target)
+        info = _info(mod)
+        if "partition" not in info:
+            raise SouffleError("StitchSubprograms needs the groups of PartitionAndEmit: run it first")
+        prog, groups = info["program"], info["partition"].groups
+        clean = without_records(mod)
+        calls = policies.GroupCalls(clean, groups)
+        gpu = hardware.for_arch(str(target.attrs["arch"]))
+        grids = self.feedback.grids
+        estimated = grids is None and self.feedback.estimated_grids
+        facts = policies.group_facts(calls, target, sizes=self.partitioner == "budget" or estimated)
+        if self.partitioner == "blocks":
+            subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
+        else:
+            subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
+                                         forced=self.feedback.forced)
+        if estimated:
+            # first build: as many blocks as the static estimate lets be co-resident; the build
+            # checks them against ptxas' figures and the driver re-stitches where they differ
+            grids = {f"souffle_stitched_{k}": subprograms.estimated_grid(facts, idx, gpu)
+                     for k, (idx, _) in enumerate(subs) if len(idx) > 1 and all(i in calls.call_index for i in idx)}
+        out, stitched = stitch_module(clean, target, calls.subprogram_calls(subs), grid=gpu.sms,
+                                      block=STITCH_BLOCK, grids=grids)
+        if mod.attrs is not None and PARAMS in mod.attrs:
+            out = out.with_attr(PARAMS, mod.attrs[PARAMS])
+        return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,
+                                                    "subprograms": subs}))
 
 
-LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
-                  "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
-                  "v2": ["souffle.TwoPhaseReduction"], "v3": [], "v4": []}
+@tvm.transform.module_pass(opt_level=0, name="souffle.PlantPrefetch")
+class PlantPrefetch:
+    """V4: each stitched kernel prefetches the inputs of its next segment into L2 before the grid
+    sync that precedes it (``stitch.prefetch``), except the kernels named in ``skip`` (those
+    ptxas found over budget with their prefetch loops)."""
+
+    def __init__(self, target: tvm.target.Target | None = None, skip: frozenset = frozenset()):
+        self.target = target
+        self.skip = skip
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        info = _info(mod)
+        if "stitched" not in info:
+            raise SouffleError("PlantPrefetch needs stitched kernels: run StitchSubprograms first")
+        gpu = hardware.for_arch(str(_target(self.target).attrs["arch"]))
+        planted, stitched = prefetch.plant_module(without_records(mod), list(info["stitched"]), gpu.l2_bytes,
+                                                  set(self.skip))
+        if mod.attrs is not None and PARAMS in mod.attrs:
+            planted = planted.with_attr(PARAMS, mod.attrs[PARAMS])
+        return planted.with_attr(INFO, tvm_ffi.convert({**info, "stitched": stitched}))
 
 
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
-                    lower: bool = True, block_size: int | None = None,
-                    gemm_k_tile: int | None = None, atomic_reductions: bool = False,
-                    database=None) -> tvm.transform.Pass:
-    """LowerToTE → FoldWeights → HorizontalFusion → VerticalFusion → TwoPhaseReduction → PartitionAndEmit.
+                    options: Options | None = None, lower: bool = True, database=None,
+                    feedback: Feedback | None = None) -> tvm.transform.Pass:
+    """The passes of ``options.level`` (default v2): LowerToTE → FoldWeights → HorizontalFusion (v1+)
+    → VerticalFusion (v2+) → TwoPhaseReduction (v3+) → PartitionAndEmit → StitchSubprograms (v3+,
+    CUDA) → PlantPrefetch (v4, CUDA).
 
     ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
-    ``database``: a MetaSchedule database (``souffle_tvm.database.open_database``) whose tuned
-    schedules replace the default rules for the groups it holds.
+    ``database``: an open MetaSchedule database (``codegen.database.open_database``) whose tuned
+    schedules replace the default rules for the groups it holds. ``feedback``: for stitching.
     """
+    options = options or Options()
+    target = _target(target)
+    options.check(target)
+    level = LEVELS.index(options.level)
+    stitching = options.stitches(target)
     steps = [LowerToTE(params)] if lower else []
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(atomic_reductions),
-              PartitionAndEmit(target, block_size, gemm_k_tile, database)]
+    steps.append(FoldWeights())
+    steps += [HorizontalFusion()] if level >= 1 else []
+    steps += [VerticalFusion()] if level >= 2 else []
+    steps += [TwoPhaseReduction(options.reduction == "atomic")] if level >= 3 else []
+    steps.append(PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
+                                  options.gemm_k_tile if stitching else None, database))
+    if stitching:
+        steps.append(StitchSubprograms(target, options.partitioner, feedback))
+        if options.level == "v4":
+            steps.append(PlantPrefetch(target, (feedback or Feedback()).no_prefetch))
     return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")

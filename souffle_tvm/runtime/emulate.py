@@ -29,11 +29,12 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..errors import EmulationError, SouffleError
+from ..errors import EmulationError
 from ..te.rewrite import cast_like, dtype_of, uses
 from ..stitch.dependence import ATOMIC_ADD
+from ..stitch.kernel_ir import BARRIERS, calls_to, is_grid_sync, op_name, strip_prefetch
+from ..stitch.lower import launch_form
 from ..stitch.rolling import unroll
-from ..stitch.kernel import BARRIERS, calls_to, is_grid_sync, launch_form, op_name, strip_prefetch
 
 _I64 = "int64"
 # CUDA warp matrix intrinsics (m = n = k = 16): see _Block._wmma

@@ -16,7 +16,7 @@ analysis cannot see through (a guarded or data-dependent store, a let-bound inde
 map, more reader blocks than writer blocks) keeps the grid sync: the proof may be incomplete,
 never unsound. It assumes what every schedule here guarantees: a stage writes each element of
 an output from one block (no split-K across blocks); write-after-read and write-after-write
-between stages always get a grid sync (``stitch.stitch``).
+between stages always get a grid sync (``kernel.stitch``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .kernel import is_grid_sync, replace_stages, stage_loops
+from .kernel_ir import is_grid_sync, replace_stages, stage_loops
 from ..te.rewrite import uses
 
 ROLLED = "souffle.rolled"        # annotation of a rolled loop: its trip count

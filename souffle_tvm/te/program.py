@@ -17,7 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
-from ..errors import LoweringError, SouffleError
+from ..errors import LoweringError
 
 
 _INTERNAL_KWARGS = ("primfunc_name_hint", "primfunc_attrs")

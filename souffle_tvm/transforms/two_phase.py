@@ -3,7 +3,7 @@
 A reduction over the last axis of a GEMM's output (softmax's max and exp-sum, LayerNorm's sum
 and variance) would wait, after a grid sync, for whole rows. Split in two, its first phase
 reduces each ``tile``-wide slice of a row — exactly the slice one GEMM thread block wrote
-(``schedule.MATMUL_TILE``), so the stitcher can prove it block-local and drop the grid sync in
+(``core.geometry.MATMUL_TILE``), so the stitcher can prove it block-local and drop the grid sync in
 between — into a partial buffer ``P[..., j]``; after one grid sync, the second phase combines
 the partials of a row. Deterministic (a fixed combine order), and exact in real arithmetic:
 
@@ -20,6 +20,7 @@ Any other reduction, or one whose shape does not tile, is left as it was, with t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -80,35 +81,7 @@ def _gemm_fed(expr, k) -> list[te.Tensor]:
             and analysis.classify(t.op)[0] == analysis.REDUCTION and idx and _is_var(idx[-1], k)]
 
 
-def tiled_like_partials(gemm: te.Tensor) -> bool:
-    """Whether the stitched GEMM schedule lays ``gemm`` out in ``schedule.MATMUL_TILE`` tiles
-    of 16x16 threads (not, e.g., dlight's tensor-core variant); only then can a partial be
-    block-local to it. Decided for CUDA, whatever the target, so the CPU twin runs the same
-    program."""
-    from ..codegen import emit, schedule
-    from ..stitch import kernel as stitch
-    from ..partition.groups import Group
-    from ..core.targets import make_target
-
-    func, _ = emit.group_primfunc(Group([gemm]), [gemm])
-    key = tvm_ffi.structural_hash(func)
-    if key not in _TILED:
-        target = make_target("cuda")
-        try:
-            done = schedule.schedule_group(func, target, 256)
-            stages = stitch.lower_stage("gemm", done.func, target) if done.rule == "Matmul" else []
-        except (schedule.ScheduleError, stitch.StitchError):
-            stages = []
-        threads = {schedule.MATMUL_THREADS}
-        _TILED[key] = len(stages) == 1 and {e for _, e in stages[0].threads.values()} == threads \
-            and set(stages[0].threads) == {"threadIdx.x", "threadIdx.y"}
-    return _TILED[key]
-
-
-_TILED: dict = {}
-
-
-def _match(op, stages_by_op: dict) -> tuple:
+def _match(op, stages_by_op: dict, gemm_is_tiled: Callable[[te.Tensor], bool]) -> tuple:
     """(form, e, c) for a splittable reduction — e the row-element expression, c the row
     constant — or (None, why, None); why is None when the stage is no GEMM-fed row reduction."""
     kind = _reducer_kind(op) if len(op.reduce_axis) == 1 and op.num_outputs == 1 else None
@@ -126,7 +99,7 @@ def _match(op, stages_by_op: dict) -> tuple:
     gemms = _gemm_fed(src, k)
     if not gemms:
         return None, None, None
-    if not all(tiled_like_partials(g) for g in gemms):
+    if not all(gemm_is_tiled(g) for g in gemms):
         return None, "its GEMM is not scheduled in the tiles a partial can share", None
     if _row_element(src, axes, k):
         return kind, src, None
@@ -163,8 +136,13 @@ def _combine_fn(combine, reducer, parts: int):
     return f
 
 
-def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) -> TwoPhaseResult:
+def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile: int | None = None,
+              atomic: bool = False) -> TwoPhaseResult:
     """Split every GEMM-fed row reduction whose row length and row count tile by ``tile``.
+
+    ``gemm_is_tiled(gemm)``: whether the GEMM's schedule writes ``tile``-wide block tiles that a
+    partial can share (the code generator knows; ``pipeline.policies.gemm_is_tiled`` asks it).
+    Only those reductions are split: elsewhere a partial would need a grid sync anyway.
 
     ``atomic`` (CUDA): fp32 sums — and the variance, as ``E[x^2]``-style sums — accumulate
     straight into their row results with ``atomicAdd`` (``ATOMIC_ATTR`` stages, built by
@@ -183,7 +161,7 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
     def load_fn(tensor, idx):
         return new_of[tensor.op][tensor.value_index](*idx) if tensor.op in new_of else None
 
-    def atomic_sum(e_of, spatial, K, dtype, name: str, key_expr, square: bool = False):
+    def atomic_sum(e_of, spatial, K, name: str, key_expr, square: bool = False):
         """A[...] = sum over the row of e (or e^2): a plain reduction in TE, accumulated with
         atomics per GEMM tile on CUDA."""
         kind = "atomic-sq" if square else "atomic-sum"
@@ -199,7 +177,7 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
                                               attrs={TILE_ATTR: tile, ATOMIC_ATTR: 1})
         return partials[kind, key_expr]
 
-    def partial(kind: str, e_of, shape, dtype, name: str, key_expr, extra=None):
+    def partial(kind: str, e_of, shape, name: str, key_expr, extra=None):
         """P[..., j] = reduce_{kk < tile} of the row element at k = j*tile + kk."""
         if (kind, key_expr) in partials:
             return partials[kind, key_expr]
@@ -217,7 +195,7 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
 
     for t in stages:
         op = t.op
-        form, e, c = _match(op, stages_by_op)
+        form, e, c = _match(op, stages_by_op, gemm_is_tiled)
         if form is not None:
             K = int(op.reduce_axis[0].dom.extent)
             spatial = [int(ax.dom.extent) for ax in op.axis]
@@ -226,13 +204,6 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
         if form is None:
             if e is not None:
                 result.kept[names[op]] = e
-            if any(x.op in new_of for x in op.input_tensors):
-                new_of[op] = te_rewrite.rebuild(op, load_fn)
-            continue
-        K = int(op.reduce_axis[0].dom.extent)
-        spatial = [int(ax.dom.extent) for ax in op.axis]
-        if K % tile or K // tile < 2 or not spatial or spatial[-1] % tile:
-            result.kept[names[op]] = f"row length {K} or row count {spatial[-1] if spatial else 0} does not tile by {tile}"
             if any(x.op in new_of for x in op.input_tensors):
                 new_of[op] = te_rewrite.rebuild(op, load_fn)
             continue
@@ -253,22 +224,22 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
         T = tirx.const(float(tile), dtype)
         key = _canonical(e, axes, k)
         if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
-            s1 = atomic_sum(e_of, spatial, K, dtype, f"{base}_atomic_sum", key)
+            s1 = atomic_sum(e_of, spatial, K, f"{base}_atomic_sum", key)
             if form == "sum":
                 new_of[op] = [s1]
             else:   # sum((e - c)^2) = sum(e^2) - 2 c sum(e) + K c^2
-                q = atomic_sum(e_of, spatial, K, dtype, f"{base}_atomic_sq", key, square=True)
+                q = atomic_sum(e_of, spatial, K, f"{base}_atomic_sq", key, square=True)
                 kf = tirx.const(float(K), dtype)
                 new_of[op] = [te.compute(spatial, _from_sums(s1, q, c_of, kf), name=f"{base}_from_sums")]
             result.split[base] = form + " (atomic)"
             continue
         if form in ("sum", "max"):
-            p = partial(form, e_of, shape, dtype, f"{base}_partial", key)
+            p = partial(form, e_of, shape, f"{base}_partial", key)
             combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
             reducer = te.max if form == "max" else te.sum
         elif form == "sum-sq":
-            s = partial("sum", e_of, shape, dtype, f"{base}_partial_sum", key)
-            m2 = partial("m2", e_of, shape, dtype, f"{base}_partial_m2", key,
+            s = partial("sum", e_of, shape, f"{base}_partial_sum", key)
+            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key,
                          extra=lambda idx, v, s=s: (v - s(*idx) / T) * (v - s(*idx) / T))
 
             def combine(sp, j, s=s, m2=m2, c_of=c_of):
@@ -276,8 +247,8 @@ def two_phase(prog: TEProgram, tile: int | None = None, atomic: bool = False) ->
                 return m2(*sp, j) + T * d * d
             reducer = te.sum
         else:   # sum-exp
-            m = partial("max", e_of, shape, dtype, f"{base}_partial_max", key)
-            es = partial("sum-exp", e_of, shape, dtype, f"{base}_partial_expsum", key,
+            m = partial("max", e_of, shape, f"{base}_partial_max", key)
+            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key,
                          extra=lambda idx, v, m=m: tirx.exp(v - m(*idx)))
 
             def combine(sp, j, m=m, es=es, c_of=c_of):

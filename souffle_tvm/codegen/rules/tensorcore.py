@@ -1,4 +1,4 @@
-"""Tensor-core GEMM stages that fit a stitched kernel's 256 threads.
+"""TensorCoreMatmul: tensor-core GEMM stages that fit a stitched kernel's 256 threads.
 
 dlight's ``MatmulTensorization`` (the rule its ``Matmul`` hands fp16 GEMMs to on sm_70+) fixes
 its warp grid at 4 x 4 = 16 warps, 512 threads, inside one long ``apply``: an fp16 model's
@@ -17,13 +17,17 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
+from .base import CUDAScheduleRule
+
 # wmma fragment, and the smallest GEMM dimension dlight's Matmul still tensorizes
 MICRO = 16
 MIN_EXTENT = 64
 
 
-class TensorCoreMatmul:
-    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with ``warps_m x warps_n`` warps."""
+class TensorCoreMatmul(CUDAScheduleRule):
+    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with ``warps_m x warps_n`` warps.
+    Applies on sm_70+ to a GEMM with fp16 inputs whose every fixed dimension is > 64, unless
+    the function has the ``dlight.do_not_tensorize`` attribute."""
 
     def __init__(self, warps_m: int = 2, warps_n: int = 4, frags: int = 2, k_frags: int = 4):
         self.warps_m, self.warps_n, self.frags, self.k_frags = warps_m, warps_n, frags, k_frags
@@ -32,12 +36,15 @@ class TensorCoreMatmul:
     def threads(self) -> int:
         return self.warps_m * self.warps_n * 32
 
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _tune: bool):  # noqa: C901 - dlight's steps
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target,  # noqa: C901 - dlight's steps
+              tunable: bool) -> s_tir.Schedule | None:
         from tvm.s_tir.dlight.analysis import get_root_block
         from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers,
                                                  get_in_out_dtypes, get_index_map, get_reduction_blocks)
 
-        arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        arch = str(target.attrs.get("arch", ""))
         if not arch.startswith("sm_") or int(arch[3:]) < 70 or "dlight.do_not_tensorize" in func.attrs.keys():
             return None
         sch = s_tir.Schedule(func)
@@ -69,7 +76,7 @@ class TensorCoreMatmul:
 
         # Only now (a GEMM that tensorizes): importing the intrinsics costs ~10 s per process,
         # the whole tensor_intrin package (every target's) three times that.
-        from .database import register_tensor_intrinsics
+        from ..database import register_tensor_intrinsics
 
         register_tensor_intrinsics(target)
         from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group

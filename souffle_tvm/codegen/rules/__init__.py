@@ -1,0 +1,19 @@
+"""Our schedule rules, one per module, each a dlight ``ScheduleRule`` available on CUDA only
+(``base.CUDAScheduleRule``): ``apply(func, target, tunable)`` returns a ``tvm.s_tir.Schedule``,
+or ``None`` where the rule does not apply. ``codegen.schedule.default_rules`` orders them
+with dlight's own rules for the stitched (256-thread) stages:
+
+- ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
+- ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
+- ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps.
+- ``matmul256.Matmul256``: dlight's ``gpu.Matmul`` at 16 x 16 threads (reported as "Matmul").
+- ``column_reduction.ColumnReduction``: a reduction over an outer axis, K over threadIdx.y.
+"""
+
+from .atomic_rows import AtomicRows
+from .column_reduction import ColumnReduction
+from .matmul256 import Matmul256
+from .partial_rows import PartialRows
+from .tensorcore import TensorCoreMatmul
+
+__all__ = ["AtomicRows", "ColumnReduction", "Matmul256", "PartialRows", "TensorCoreMatmul"]

@@ -1,0 +1,50 @@
+"""What the folding and the control-flow passes both read off an ONNX graph: which node inputs
+must be constants, the graph's constant values, and the model inputs a tensor depends on."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# Inputs (by position) that TVM's importer needs as constants, with what they mean.
+SHAPE_INPUTS: dict[str, dict[int, str]] = {
+    "Reshape": {1: "shape"}, "Expand": {1: "shape"}, "ConstantOfShape": {0: "shape"},
+    "Pad": {1: "pads", 3: "axes"}, "Tile": {1: "repeats"}, "Range": {0: "start", 1: "limit", 2: "delta"},
+    "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"}, "Resize": {2: "scales", 3: "sizes"},
+    "Upsample": {1: "scales"}, "TopK": {1: "k"}, "OneHot": {1: "depth"}, "Squeeze": {1: "axes"},
+    "Unsqueeze": {1: "axes"}, "Split": {1: "split"}, "ReduceSum": {1: "axes"}, "ReduceMean": {1: "axes"},
+    "ReduceMax": {1: "axes"}, "ReduceMin": {1: "axes"}, "ReduceProd": {1: "axes"},
+    "ReduceL2": {1: "axes"}, "CumSum": {1: "axis"}, "If": {0: "condition"}, "Loop": {0: "trip count"},
+}
+
+
+def constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            attr = node.attribute[0]
+            if attr.name == "value":
+                values[node.output[0]] = numpy_helper.to_array(attr.t)
+            elif attr.name in ("value_int", "value_float"):
+                values[node.output[0]] = np.array(attr.i if attr.name == "value_int" else attr.f)
+            elif attr.name in ("value_ints", "value_floats"):
+                values[node.output[0]] = np.array(list(attr.ints or attr.floats))
+    return values
+
+
+def dynamic_sources(graph: onnx.GraphProto, tensor: str) -> list[str]:
+    """The model inputs from which ``tensor`` is computed (the reason it is not a constant)."""
+    producers = {o: n for n in graph.node for o in n.output}
+    inputs = {vi.name for vi in graph.input}
+    seen, stack, found = set(), [tensor], []
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.append(name)
+        elif name in producers:
+            stack.extend(producers[name].input)
+    return sorted(found)

@@ -1,0 +1,135 @@
+"""Kernel groups: which stages run in the same thread blocks (the paper's V2 level).
+
+``partition_groups`` makes one group per *anchor* with what can run in the same thread blocks
+without a grid-wide barrier:
+
+* a reduction (GEMM, conv, sum, max) anchors a group;
+* a following reduction joins when it reduces the same rows the group already holds
+  (same spatial domain and reduce extent, reading group members element-for-element along
+  the summed axis: softmax's max → sum, LayerNorm's mean → variance);
+* a one-to-one stage joins as an epilogue when every non-weight input comes from the group;
+* anything else starts a new group, and the reason is recorded.
+
+``split_unschedulable`` is schedule feedback: given, per candidate group, why the code
+generator cannot schedule it as well as its anchor alone, it splits such groups.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import te
+
+from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG
+from ..te import analysis, rewrite as te_rewrite
+from ..te.program import TEProgram
+from .groups import Group, Partition
+
+
+def _spatial(op: te.ComputeOp) -> list[int]:
+    return [int(ax.dom.extent) for ax in op.axis]
+
+
+def _reduce_extent(op: te.ComputeOp) -> int:
+    return math.prod(int(rv.dom.extent) for rv in op.reduce_axis)
+
+
+def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
+    """A reduction that re-reduces the rows its group already produced."""
+    anchor = group.anchor
+    if anchor is None or _spatial(op) != _spatial(anchor.op) or _reduce_extent(op) != _reduce_extent(anchor.op):
+        return False
+    for prod, idx in te_rewrite.loads(op.body[0]):
+        if prod.op in members:
+            pattern, reuse, _ = analysis.access_pattern(op, prod, idx)
+            if pattern == "reduce-read" and reuse > 1:
+                return False
+    return True
+
+
+def _atomic(group: Group) -> bool:
+    return any(ATOMIC_ATTR in (m.op.attrs or {}) for m in group.members)
+
+
+def _partials_first(stages: list[te.Tensor]) -> list[te.Tensor]:
+    """The topological order with each two-phase partial right after its last producer, so it
+    joins the kernel of the GEMM it reduces (and its sibling partials), ahead of the combines."""
+    order = [t for t in stages if t.op.tag != PARTIAL_TAG]
+    for t in stages:
+        if t.op.tag == PARTIAL_TAG:
+            inputs = {x.op for x in t.op.input_tensors}
+            pos = max((i for i, u in enumerate(order) if u.op in inputs), default=-1)
+            order.insert(pos + 1, t)
+    return order
+
+
+def partition_groups(prog: TEProgram) -> Partition:
+    """Group the (transformed) program's stages into kernels by the rules above."""
+    placeholders = {t.op for t in prog.placeholders()}
+    opaque_of = {out.op: o for o in prog.opaque for out in o.outputs}
+    groups: list[Group] = []
+    emitted_opaque = set()
+
+    def producers(op) -> set:
+        return {x.op for x in op.input_tensors if x.op not in placeholders}
+
+    for t in _partials_first(prog.stages()):
+        op = t.op
+        for p in {x.op for x in op.input_tensors}:   # opaque results this stage needs come first
+            o = opaque_of.get(p)
+            if o is not None and o.name not in emitted_opaque:
+                emitted_opaque.add(o.name)
+                groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+        current = groups[-1] if groups and groups[-1].opaque is None else None
+        members = {m.op for m in current.members} if current else set()
+        kind = analysis.classify(op)[0]
+        prods = producers(op)
+        if current is None:
+            reason = "start" if not groups else "after an opaque op"
+        # Producers outside ``members`` belong to earlier kernels, whose results are complete in
+        # global memory before this kernel starts; only reads of ``members`` must stay block-local.
+        elif op.tag == PARTIAL_TAG:
+            if prods & members and current.anchor.op.tag == PARTIAL_TAG and _joins_rows(op, current, members):
+                current.members.append(t)      # a sibling partial over the same tiles
+                continue
+            reason = ("first phase of a two-phase reduction: each block reduces the GEMM tile it wrote "
+                      "(block-local when the stitcher can prove it)")
+        elif kind == analysis.REDUCTION:
+            if prods & members and _joins_rows(op, current, members):
+                current.members.append(t)
+                continue
+            reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
+                      if prods & members else "reduction of data produced by earlier kernels")
+        else:
+            if prods & members and not _atomic(current):
+                current.members.append(t)
+                continue
+            reason = ("reads sums accumulated with atomics, complete only after a grid sync" if prods & members
+                      else "one-to-one stage reads no data of the previous kernel")
+        groups.append(Group([t], reason=reason))
+    for o in prog.opaque:
+        if o.name not in emitted_opaque:
+            groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+    return Partition(groups)
+
+
+def split_unschedulable(groups: list[Group], why_not: dict[int, str | None]) -> tuple[list[Group], list[int]]:
+    """Schedule feedback, one round: ``why_not[i]`` says why group i cannot be scheduled as one
+    kernel as well as its anchor alone (None: it can). Such a group gives up its last member,
+    which becomes a group of its own with the reason; a single stage keeps the reason.
+
+    Returns the new groups and the positions of those made this round (to be judged next)."""
+    out: list[Group] = []
+    fresh: list[int] = []
+    for i, g in enumerate(groups):
+        err = why_not.get(i)
+        if err is None or len(g.members) == 1:
+            if err is not None:
+                g.reason += f"; cannot be scheduled: {err}"
+            out.append(g)
+            continue
+        head, tail = Group(g.members[:-1], reason=g.reason), Group(g.members[-1:])
+        tail.reason = f"schedule: fusing {tail.members[0].op.name} into {g.name}: {err}"
+        fresh += [len(out), len(out) + 1]
+        out += [head, tail]
+    return out, fresh

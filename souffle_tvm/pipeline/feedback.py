@@ -1,0 +1,141 @@
+"""ptxas overrules the partitioner's estimate: stitch again until every kernel fits.
+
+After the first build, each stitched kernel's registers, shared memory and spills are known.
+A kernel that spills or leaves fewer blocks co-resident than the GPU has SMs is first stitched
+without its V4 prefetch (if it had one), else cut in two where the fewest bytes cross; then
+each cooperative kernel gets the grid its measured figures let be co-resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..core import hardware, progress
+from ..errors import CoresidencyError
+from ..frontend.importer import ImportedModel
+from ..partition.subprograms import cut_cost, split_point
+from ..report.assemble import check_coresidency
+from ..report.schema import Report
+from .building import build_and_report
+from .results import SouffleModule, restitch
+
+MAX_FEEDBACK_ROUNDS = 6   # each round halves the kernels that did not fit
+
+
+def over_budget(report: Report, souffle: SouffleModule, arch: str) -> dict[str, str]:
+    """{stitched kernel function: what ptxas found} for kernels that spill or leave no block of
+    the kernel co-resident on an SM: the partitioner's estimate was wrong about them."""
+    gpu = hardware.for_arch(arch)
+    stitched = {k.function for k in souffle.stitched if not k.refused and len(k.stages) > 1}
+    out = {}
+    for k in report.kernels:
+        if k.primfunc not in stitched or k.registers is None:
+            continue
+        if k.spill_bytes:
+            out[k.primfunc] = f"{k.spill_bytes} B of register spills ({k.registers} registers)"
+        elif (k.max_coresident or 0) < gpu.sms:
+            out[k.primfunc] = (f"{k.registers} registers and {k.shared_bytes} B shared memory leave "
+                               f"{k.max_coresident} blocks co-resident, fewer than the {gpu.sms} SMs")
+    return out
+
+
+def _split(souffle: SouffleModule, why: dict[str, str]) -> dict[int, str]:
+    """The forced cuts after this round: every subprogram whose stitched kernel is in ``why`` is
+    cut in two, where the fewest extra bytes cross (earlier forced cuts are kept)."""
+    groups = souffle.partition.groups
+    cost = cut_cost(souffle.program, groups)
+    forced = dict(souffle.feedback.forced)
+    for k in souffle.stitched:
+        idx = souffle.subprograms[k.index][0]
+        if k.function in why and len(idx) > 1:
+            cut = split_point(cost, idx)
+            forced[cut] = f"ptxas feedback: {why[k.function]}; split after {groups[cut].name}"
+    return forced
+
+
+def _spills(report: Report) -> int:
+    return sum(k.spill_bytes or 0 for k in report.kernels if k.cooperative)
+
+
+def _coresident(report: Report, arch: str) -> bool:
+    try:
+        check_coresidency(report, arch)
+        return True
+    except CoresidencyError:
+        return False
+
+
+def coresident_grids(report: Report, souffle: SouffleModule) -> dict[str, int]:
+    """{stitched kernel function: blocks} where the grid launched (from the static estimate)
+    differs from what ptxas' figures let be co-resident and the stages can use: fewer (needed,
+    or grid.sync() could deadlock) or more (more parallelism)."""
+    stitched = {k.function: k for k in souffle.stitched if not k.refused}
+    out = {}
+    for k in report.kernels:
+        sk = stitched.get(k.primfunc)
+        if sk is not None and k.cooperative and k.max_coresident:
+            want = min(k.max_coresident, sk.max_blocks)
+            if want != sk.grid:
+                out[k.primfunc] = want
+    return out
+
+
+@dataclasses.dataclass
+class Built:
+    souffle: SouffleModule
+    result: object
+    report: Report
+    source: str | None
+    nvcc_seconds: float
+
+
+def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bool) -> Built:
+    """Build, and while ptxas finds a stitched kernel over budget, stitch again and rebuild;
+    then give each cooperative kernel the grid its measured figures allow."""
+    arch = str(target.attrs["arch"])
+    result, report, src = build_and_report(imported, souffle, target, use_nvcc)
+    seconds = report.nvcc.get("seconds", 0.0)
+    rounds = MAX_FEEDBACK_ROUNDS if souffle.options.partitioner == "budget" and souffle.stitched else 0
+    for round_ in range(rounds):
+        over = over_budget(report, souffle, arch) if report.nvcc.get("available") else {}
+        if not over:
+            break
+        prefetching = {k.name for k in souffle.stitched if k.function in over and k.prefetched_bytes}
+        if prefetching:
+            # V4's prefetch loops are what the kernel gives up first: V3's form of it may fit
+            n = len({k.function for k in souffle.stitched if k.name in prefetching})
+            progress.step(f"ptxas feedback: dropping the L2 prefetch of {n} kernel(s) that did "
+                          "not fit with it", round_ + 1, MAX_FEEDBACK_ROUNDS)
+            fb = dataclasses.replace(souffle.feedback, no_prefetch=souffle.feedback.no_prefetch | prefetching)
+        else:
+            progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
+                          MAX_FEEDBACK_ROUNDS)
+            fb = dataclasses.replace(souffle.feedback, forced=_split(souffle, over))
+        souffle = restitch(souffle, target, fb)
+        result, report, src = build_and_report(imported, souffle, target, use_nvcc)
+        seconds += report.nvcc.get("seconds", 0.0)
+    if souffle.stitched and report.nvcc.get("available"):
+        # Each cooperative kernel gets the grid its measured registers and shared memory allow
+        # (the first build used the static estimate's).
+        grids = coresident_grids(report, souffle)
+        if grids:
+            progress.step(f"restitching {len(grids)} cooperative kernel(s) with the grid ptxas allows")
+            by_name = {k.name: grids.get(k.function, k.grid) for k in souffle.stitched if not k.refused}
+            again = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=by_name))
+            result2, report2, src2 = build_and_report(imported, again, target, use_nvcc)
+            seconds += report2.nvcc.get("seconds", 0.0)
+            try:
+                check_coresidency(report2, arch)
+                if _spills(report2) > _spills(report) and _coresident(report, arch):
+                    # ptxas allocates the new grid's code differently and spills: the first
+                    # build's grid was co-resident already, so it stays
+                    progress.step("the restitched kernels spill; keeping the first build's grids")
+                else:
+                    souffle, result, report, src = again, result2, report2, src2
+            except CoresidencyError:
+                # the new grid changed the code enough not to fit: one block per SM always does
+                sms = {k.name: hardware.for_arch(arch).sms for k in souffle.stitched if not k.refused}
+                souffle = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=sms))
+                result, report, src = build_and_report(imported, souffle, target, use_nvcc)
+                seconds += report.nvcc.get("seconds", 0.0)
+    return Built(souffle, result, report, src, seconds)

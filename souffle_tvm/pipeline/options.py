@@ -1,0 +1,81 @@
+"""The settings of one compile, checked once.
+
+``level`` selects the paper's ablation level by turning passes off by name:
+v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, no grid sync),
+v3 + two-phase reductions and stitching (each subprogram of groups becomes ONE cooperative
+kernel with grid syncs; CUDA only: on llvm, the CPU twin, v3 builds the same groups as loop
+nests), v4 + each stitched kernel prefetches the inputs of its next segment into L2 before the
+grid sync that precedes it (on llvm v4 is v3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+
+from ..core.targets import is_cuda
+from ..errors import OptionsError
+
+FUSIONS = ("tvm", "souffle")
+PARTITIONERS = ("budget", "blocks")
+REDUCTIONS = ("deterministic", "atomic")
+
+# The passes (by name) each level leaves out; v3 and v4 run every transform.
+LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
+                  "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
+                  "v2": ["souffle.TwoPhaseReduction"], "v3": [], "v4": []}
+LEVELS = tuple(LEVEL_DISABLES)
+STITCHING_LEVELS = ("v3", "v4")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to compile. ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16;
+    tiles over 48 KB of shared memory go to dynamic shared memory). ``partitioner`` (v3):
+    "budget", resource-aware, or "blocks", a subprogram per attention / FFN block.
+    ``reduction`` (v3): two-phase reductions with a partial buffer and a combine
+    ("deterministic") or, for fp32 sums on CUDA, with atomicAdd ("atomic"). ``database``: a
+    directory written by ``souffle-tvm tune`` (souffle fusion). ``nvcc``: measure registers and
+    shared memory with ptxas where nvcc exists (and let them correct the partition)."""
+
+    fusion: str = "souffle"
+    level: str = "v2"
+    partitioner: str = "budget"
+    reduction: str = "deterministic"
+    gemm_k_tile: int | None = None
+    database: str | None = None
+    nvcc: bool = True
+
+    def check(self, target: tvm.target.Target) -> "Options":
+        """Raise an OptionsError naming the first setting that does not exist or apply."""
+        for name, value, allowed in (("fusion", self.fusion, FUSIONS), ("level", self.level, LEVELS),
+                                     ("partitioner", self.partitioner, PARTITIONERS),
+                                     ("reduction form", self.reduction, REDUCTIONS)):
+            if value not in allowed:
+                raise OptionsError(f"unknown {name} {value!r}; available: {', '.join(allowed)}")
+        if self.reduction == "atomic" and not is_cuda(target):
+            raise OptionsError("atomic two-phase reductions are a CUDA option (the CPU twin is deterministic)")
+        if self.database is not None and self.fusion != "souffle":
+            raise OptionsError("--database applies tuned Souffle stages: use it with --fusion souffle")
+        return self
+
+    def stitches(self, target: tvm.target.Target) -> bool:
+        """Whether subprograms become cooperative kernels (v3/v4 on CUDA)."""
+        return self.level in STITCHING_LEVELS and is_cuda(target)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What a build with ptxas told the stitcher, for the next stitch of the same groups.
+
+    ``forced``: group position -> why a boundary must follow it (a kernel spilled or could not
+    be co-resident). ``grids``: stitched kernel name -> blocks to launch (None: from the static
+    estimate when ``estimated_grids``, a build then checks them, else one block per SM, which is
+    co-resident whenever a block fits at all). ``no_prefetch``: V4 kernels to stitch without
+    their L2 prefetch (they did not fit with it)."""
+
+    forced: dict = field(default_factory=dict)
+    grids: dict | None = None
+    estimated_grids: bool = False
+    no_prefetch: frozenset = frozenset()

@@ -1,0 +1,189 @@
+"""The facts the partitioner decides from, asked of the code generator and the stitcher.
+
+The partitioner (``souffle_tvm.partition``) decides every kernel boundary, but it cannot
+schedule or lower code itself: it sits below the code generator. This module asks them, once
+per group, and hands the answers down as data:
+
+* ``ScheduleCache.why_not_fused``: whether a group schedules as well as its anchor alone
+  (V2 schedule feedback; ``partition.kernels.split_unschedulable`` acts on it);
+* ``group_facts``: per group whether it can be stitched, its size, the static resource
+  estimate of its stages, its signature and repeats (``partition.subprograms.GroupFacts``);
+* ``gemm_is_tiled``: whether a GEMM's stitched schedule writes the tiles a two-phase partial
+  can share (``transforms.two_phase`` takes it as its predicate).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx
+
+from ..codegen import emit, schedule
+from ..codegen.database import lookup
+from ..core import estimate
+from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
+from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
+from ..core.targets import is_cuda, make_target
+from ..errors import ScheduleError, StitchError
+from ..partition.groups import Group
+from ..partition.subprograms import GroupFacts
+from ..stitch import rolling
+from ..stitch import lower
+from ..stitch.module import ExprKey
+
+
+class ScheduleCache:
+    """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
+    when it holds a usable record for it (``database.lookup``), else by the default rules."""
+
+    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None):
+        self.target = target
+        self.block_size = block_size
+        self.gemm_k_tile = gemm_k_tile
+        self.database = database
+        self.cache: dict = {}
+
+    def __call__(self, func) -> schedule.Scheduled:
+        bucket = self.cache.setdefault(tvm_ffi.structural_hash(func), [])
+        for seen, done in bucket:
+            if tvm_ffi.structural_equal(seen, func):
+                return done
+        done = self._tuned(func) if self.database is not None else None
+        if not isinstance(done, schedule.Scheduled):
+            why = done
+            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
+            if self.database is not None:    # say where each schedule came from (the report reads it)
+                out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
+                done = schedule.Scheduled(out.with_attr(NOTE_ATTR, why) if why else out, done.rule, done.notes)
+        bucket.append((func, done))
+        return done
+
+    def _tuned(self, func) -> schedule.Scheduled | str | None:
+        """The database's schedule of ``func``, or why its record cannot be used (None: no record)."""
+        tuned, why = lookup(self.database, func, self.target)
+        if tuned is None:
+            return why
+        if self.block_size is not None and is_cuda(self.target):
+            # A stitched kernel has ONE block size: a tuned stage with other thread counts (or
+            # virtual threads) would be refused by the stitcher, so the default rules keep it.
+            bad = lower.why_not_stitchable(tuned, self.target, self.block_size)
+            if bad is not None:
+                return f"tuned schedule not used: {bad}"
+        out = tuned.with_attr("tirx.is_scheduled", True).with_attr(SOURCE_ATTR, "database")
+        return schedule.Scheduled(out, "database")
+
+    def why_not_fused(self, group: Group, outputs: list) -> str | None:
+        """None when the group schedules as well as its anchor does alone; else why not."""
+        func, _ = emit.group_primfunc(group, outputs)
+        try:
+            done = self(func)
+        except ScheduleError as err:
+            return str(err)
+        anchor = group.anchor
+        if anchor is None or len(group.members) == 1:
+            return None
+        alone, _ = emit.group_primfunc(Group([anchor]), [anchor])
+        try:
+            anchor_rule = self(alone).rule
+        except ScheduleError:
+            return None
+        if schedule.RANK[done.rule] < schedule.RANK[anchor_rule]:
+            # why the anchor's rule did not take the fused group, when it said so
+            why = [n for n in done.notes if n.split(":")[0] in (anchor_rule, f"{anchor_rule}256")]
+            because = f" ({why[0]})" if why else ""
+            return f"fused, dlight schedules it with {done.rule}{because}; the anchor alone gets {anchor_rule}"
+        return None
+
+
+_TILED: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer
+
+
+def gemm_is_tiled(gemm: te.Tensor) -> bool:
+    """Whether the stitched GEMM schedule lays ``gemm`` out in ``core.geometry.MATMUL_TILE``
+    tiles of 16x16 threads (not, e.g., dlight's tensor-core variant); only then can a two-phase
+    partial be block-local to it. Decided for CUDA, whatever the target, so the CPU twin runs the
+    same program."""
+    func, _ = emit.group_primfunc(Group([gemm]), [gemm])
+    key = tvm_ffi.structural_hash(func)
+    if key not in _TILED:
+        target = make_target("cuda")
+        try:
+            done = schedule.schedule_group(func, target, STITCH_BLOCK)
+            stages = lower.lower_stage("gemm", done.func, target) if done.rule == "Matmul" else []
+        except (ScheduleError, StitchError):
+            stages = []
+        _TILED[key] = len(stages) == 1 and {e for _, e in stages[0].threads.values()} == {MATMUL_THREADS} \
+            and set(stages[0].threads) == {"threadIdx.x", "threadIdx.y"}
+    return _TILED[key]
+
+
+def is_call_tir(value) -> bool:
+    return isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+
+
+class GroupCalls:
+    """Where each group of a partition is called in an emitted module's ``main``."""
+
+    def __init__(self, mod: tvm.IRModule, groups: list[Group]):
+        self.mod, self.groups = mod, groups
+        self.call_index: dict[int, int] = {}      # group position -> position among main's call_tir
+        for i, g in enumerate(groups):
+            if g.opaque is None:
+                self.call_index[i] = len(self.call_index)
+        self.bindings = [b for blk in mod["main"].body.blocks for b in blk.bindings]
+        self.calls = [b.value for b in self.bindings if is_call_tir(b.value)]
+
+    def func(self, i: int) -> tirx.PrimFunc:
+        return self.mod[self.calls[self.call_index[i]].args[0]]
+
+    def subprogram_calls(self, subprograms: list[tuple[list[int], str]]) -> list[list[int]]:
+        """Each subprogram's groups as positions among main's calls (opaque groups have none)."""
+        return [[self.call_index[i] for i in idx if i in self.call_index] for idx, _ in subprograms]
+
+
+def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITCH_BLOCK,
+                sizes: bool = True) -> GroupFacts:
+    """What the subprogram partitioner needs to know of every group (``sizes=False``: only
+    whether it can be stitched, all the "blocks" partitioner reads)."""
+    groups = calls.groups
+    unstitchable = [None if g.opaque is not None else lower.why_not_stitchable(calls.func(i), target, block)
+                    for i, g in enumerate(groups)]
+    if not sizes:
+        return GroupFacts(unstitchable)
+    statements, stages = [], []
+    for i, g in enumerate(groups):
+        if g.opaque is not None or unstitchable[i] is not None:
+            statements.append(0)
+            stages.append([])
+            continue
+        lowered = lower.lower_stage("g", calls.func(i), target)
+        count = [0]
+        for st in lowered:
+            tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
+        statements.append(count[0])
+        stages.append([estimate.stage(st.body) for st in lowered])
+    signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
+    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls))
+
+
+def _repeats(calls: GroupCalls) -> list[int | None]:
+    """``rolling.repeats`` over the groups: each group's code skeleton, and its call's inputs as
+    the group (and output) that makes them, or the Relax value itself."""
+    group_of_call = {c: i for i, c in calls.call_index.items()}
+    maker, n = {}, 0
+    for b in calls.bindings:
+        if is_call_tir(b.value):
+            maker[b.var] = (group_of_call[n], 0)
+            n += 1
+        elif isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in maker:
+            maker[b.var] = (maker[b.value.tuple_value][0], b.value.index)
+    sigs, reads = [], []
+    for i, g in enumerate(calls.groups):
+        if g.opaque is not None:
+            sigs.append(None)
+            reads.append([])
+            continue
+        sigs.append(rolling.skeleton_hash(calls.func(i)))
+        reads.append([("group", *maker[a]) if a in maker else ("ext", ExprKey(a))
+                      for a in calls.calls[calls.call_index[i]].args[1].fields])
+    return rolling.repeats(sigs, reads)

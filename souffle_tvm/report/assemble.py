@@ -1,0 +1,143 @@
+"""A Report from a build (its kernels, their ptxas figures) and the pipeline's decisions.
+
+Each function reads plain data: the ``BuildResult`` of ``build.executable``, ptxas figures of
+``build.ptxas``, and for Souffle its partition, subprograms and stitched kernels.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from ..build.executable import BuildResult, DeviceKernel
+from ..codegen.database import schedule_source
+from ..core import tir_stats
+from ..core.hardware import for_arch, occupancy
+from ..core.targets import describe
+from ..errors import CoresidencyError
+from ..partition.groups import group_edges
+from .schema import KernelReport, Report
+
+
+def _kernel_flops(kernels: list[DeviceKernel], flops: dict[str, int]) -> list[int]:
+    """Split a PrimFunc's block flops over its kernels by which kernel stores each block's buffer."""
+    if len(kernels) == 1:
+        return [sum(flops.values())]
+    out = [0] * len(kernels)
+    for buf, f in flops.items():
+        owner = next((i for i, k in enumerate(kernels) if buf in k.stored), 0)
+        out[owner] += f
+    return out
+
+
+def _kernel_bytes(kernel: DeviceKernel, footprint: dict[str, int]) -> int:
+    """Compulsory traffic of one launch: each global buffer's accessed footprint (whole size
+    where the unscheduled TIR has no region for it, e.g. scheduler-made temporaries)."""
+    return sum(min(footprint.get(name, size), size) for name, size in kernel.global_buffers.items())
+
+
+def cuda_report(name: str, target, result: BuildResult, figures: dict | None, nvcc: dict) -> Report:
+    """Per device kernel its launch, ptxas figures (``figures``: kernel name -> resources, None
+    without nvcc), bytes and flops; ``nvcc``: {available, seconds, note}."""
+    by_func: dict[str, list[DeviceKernel]] = {}
+    for k in result.kernels:
+        by_func.setdefault(k.primfunc, []).append(k)
+    kernels = []
+    for pf, calls in result.calls.items():
+        ks = by_func.get(pf, [])
+        for k, fl in zip(ks, _kernel_flops(ks, result.flops.get(pf, {}))):
+            r = figures.get(k.name) if figures else None
+            kernels.append(KernelReport(
+                k.name, pf, k.grid, k.block, r.registers if r else None,
+                (r.shared_bytes if r else 0) + k.dyn_shared_bytes if (r or not figures) else None,
+                r.spill_bytes if r else None, calls, _kernel_bytes(k, result.footprints.get(pf, {})), fl,
+                cooperative=k.cooperative))
+    distinct = len({k.name for k in result.kernels if k.primfunc in result.calls})
+    return _totals(name, describe(target).split()[0], str(target.attrs["arch"]), kernels, distinct,
+                   result.seconds, nvcc)
+
+
+def cpu_report(name: str, result: BuildResult) -> Report:
+    funcs = {gv.name_hint: f for gv, f in result.fused.functions.items() if isinstance(f, tirx.PrimFunc)}
+    kernels = [KernelReport(pf, pf, None, None, None, None, None, calls,
+                            sum(result.footprints.get(pf, {}).values()) or tir_stats.primfunc_param_bytes(funcs[pf]),
+                            sum(result.flops.get(pf, {}).values()))
+               for pf, calls in result.calls.items()]
+    return _totals(name, "llvm", None, kernels, len(kernels), result.seconds,
+                   {"available": False, "seconds": 0.0, "note": "CPU target"})
+
+
+def _totals(name, target, arch, kernels, distinct, seconds, nvcc) -> Report:
+    return Report(model=name, target=target, arch=arch, fusion="tvm",
+                  launches=sum(k.launches for k in kernels), distinct_kernels=distinct,
+                  compile_seconds=round(seconds, 3),
+                  bytes=sum(k.launches * k.bytes for k in kernels),
+                  flops=sum(k.launches * k.flops for k in kernels), nvcc=nvcc, kernels=kernels)
+
+
+def add_stitched_work(result: BuildResult, stitched: list) -> None:
+    """A stitched kernel does its stages' work and moves their traffic (intermediates included:
+    without two-phase reductions they still pass through global memory)."""
+    for k in stitched:
+        if k.refused:
+            continue
+        # Once per call: a function called many times (an LSTM's GEMV) counts each time, and a
+        # function lowered to several launch regions counts once (its first region).
+        calls = [st.function for st in k.stage_ids if st.region in (None, 0)]
+        result.flops[k.function] = {f"{i}:{st}:{b}": f for i, st in enumerate(calls)
+                                    for b, f in result.flops.get(st, {}).items()}
+        result.footprints[k.function] = {}
+        for st in calls:
+            for b, v in result.footprints.get(st, {}).items():
+                result.footprints[k.function][b] = result.footprints[k.function].get(b, 0) + v
+
+
+def check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
+    """A cooperative grid must fit on the GPU at once, or grid.sync() deadlocks: refuse the build
+    (or, with ``raise_=False``, only fill in each kernel's co-resident limit)."""
+    gpu = for_arch(arch)
+    for k in report.kernels:
+        if not k.cooperative or k.registers is None:
+            continue
+        occ = occupancy(gpu, k.block[0] * k.block[1] * k.block[2], k.registers, k.shared_bytes or 0)
+        k.max_coresident = occ.max_coresident(gpu)
+        blocks = k.grid[0] * k.grid[1] * k.grid[2]
+        if raise_ and blocks > k.max_coresident:
+            raise CoresidencyError(f"{k.name}: a grid of {blocks} blocks cannot be co-resident on {gpu.name} "
+                                   f"(at most {k.max_coresident}: {occ.blocks_per_sm}/SM, limited by {occ.limited_by})")
+
+
+def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,
+                          subprograms: list, stitched: list) -> None:
+    """The groups with their reasons, the group DAG, the subprograms, and per stitched kernel its
+    stages, grid syncs, prefetch and its own bytes (its stages' footprints)."""
+    report.level = level
+    report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name], "reason": g.reason}
+                     for g in partition.groups]
+    report.group_edges = group_edges(program, partition.groups)
+    report.subprograms = [{"groups": [partition.groups[i].name for i in idx], "indices": list(idx), "reason": why}
+                          for idx, why in subprograms]
+    for kr in report.kernels:
+        sk = next((k for k in stitched if k.function == kr.primfunc), None)
+        if sk is not None:
+            kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
+            kr.prefetched_bytes = sk.prefetched_bytes or None
+            kr.bytes = sum(result.footprints[sk.function].values())
+    report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
+
+
+def add_schedule_sources(report: Report, mod, unstitched, stitched: list) -> None:
+    """Per kernel: did its schedule come from the tuning database or from the default rules
+    (a stitched kernel counts its stages)."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    stages = {gv.name_hint: f for gv, f in (unstitched or mod).functions.items() if isinstance(f, tirx.PrimFunc)}
+    ids = {k.function: k.stage_ids for k in stitched if not k.refused}
+    for kr in report.kernels:
+        if kr.stages:
+            found = [schedule_source(stages[st.function]) for st in ids.get(kr.primfunc, []) if st.function in stages]
+            n = sum(1 for src, _ in found if src == "database")
+            kr.schedule = ("database" if found and n == len(found) else "default" if n == 0
+                           else f"mixed: {n} of {len(found)} stages from the database")
+            notes = sorted({note for _, note in found if note})
+            kr.schedule_note = "; ".join(notes) or None
+        elif kr.primfunc in funcs:
+            kr.schedule, kr.schedule_note = schedule_source(funcs[kr.primfunc])

@@ -1,0 +1,226 @@
+"""Stitching in a Relax module: each subprogram's ``call_tir`` bindings become ONE call of a
+stitched kernel (``kernel.stitch``), checked safe (``check``) before it is emitted.
+
+V4's L2 prefetch is a separate step on the result (``prefetch.plant_module``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from . import lower, rolling
+from .check import SafetyReport, check
+from .kernel import stitch
+from ..errors import StitchError
+
+
+class StageId(NamedTuple):
+    """Where a stage of a stitched kernel came from: the stage PrimFunc (``function``) and,
+    when it lowered to several launch regions, which one (``region``; None when just one)."""
+    function: str
+    region: int | None
+
+
+@dataclass
+class StitchedKernel:
+    name: str                      # souffle_stitched_<index>
+    index: int                     # the subprogram it was made from
+    stages: list[str]
+    grid_syncs: int
+    grid: int
+    safety: SafetyReport | None = None
+    max_blocks: int = 0            # the most blocks any stage has: more grid would idle
+    function: str = ""             # the PrimFunc it calls: identical kernels (repeated layers) share one
+    refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
+    prefetched_bytes: int = 0      # V4: bytes of inputs prefetched into L2 ahead of the segment reading them
+    stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
+
+
+class ExprKey:
+    """A Relax expression as a dict key (identity; Relax overloads nothing, but be explicit)."""
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    def __eq__(self, other):
+        return isinstance(other, ExprKey) and self.expr.same_as(other.expr)
+
+
+class Produced(NamedTuple):
+    """A tensor a stitched call makes, as a key: field ``index`` of the ``pos``-th call it
+    replaces ("out"), that call's scratch buffer ``index`` ("scratch"), or stacked buffer
+    ``index`` of the kernel ("stack", ``pos`` unused). Inputs are keyed by ``ExprKey``."""
+    kind: str
+    pos: int
+    index: int
+
+
+def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
+                  block: int = 256,
+                  grids: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+    """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
+
+    ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
+    bindings. The stage PrimFuncs must be scheduled with ``block`` threads. Intermediates
+    become extra outputs of the stitched call (global buffers the VM allocates).
+
+    Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
+    stages has (more would idle at every grid sync). The co-resident limit is left to the
+    build, which has ptxas' figures. Identical kernels (repeated layers) share one PrimFunc.
+    """
+    main = mod["main"]
+    bindings = [b for blk in main.body.blocks for b in blk.bindings]
+    call_pos = [i for i, b in enumerate(bindings)
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
+    member_of = {}
+    for k, sp in enumerate(subprograms):
+        if len(sp) > 1:
+            for j in sp:
+                member_of[call_pos[j]] = k
+    kernels: list[StitchedKernel] = []
+    # Subprograms that cannot be stitched (a stage with several launches, a non-static grid...)
+    # keep their separate kernels; the reason is recorded, never an error.
+    refused = {}
+    for k, sp in enumerate(subprograms):
+        if len(sp) > 1:
+            why = next((w for j in sp for w in [lower.why_not_stitchable(mod[bindings[call_pos[j]].value.args[0]],
+                                                                         target, block)] if w), None)
+            if why is not None:
+                refused[k] = why
+                kernels.append(StitchedKernel(f"souffle_stitched_{k}", k, [], 0, 0, refused=why))
+    stitched_calls = [bindings[call_pos[j]] for k, sp in enumerate(subprograms)
+                      if len(sp) > 1 and k not in refused for j in sp]
+    stitched_vars = {b.var for b in stitched_calls}
+    stitched_aliases = _aliases(bindings, stitched_calls)
+    alias_positions = {i for i, b in enumerate(bindings) if b.var in stitched_aliases and b.var not in stitched_vars}
+    uses = _use_counts(bindings, main.body.body)
+    ctx = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    bb = relax.BlockBuilder(ctx)
+    with bb.function("main", list(main.params), attrs={k: v for k, v in main.attrs.items() if k != "global_symbol"}):
+        with bb.dataflow():
+            env: dict = {}
+            done = set()
+            for i, b in enumerate(bindings):
+                if i in member_of and member_of[i] not in refused:
+                    k = member_of[i]
+                    if k not in done:
+                        done.add(k)
+                        calls = [bindings[call_pos[j]] for j in subprograms[k]]
+                        name = f"souffle_stitched_{k}"
+                        aliases = _aliases(bindings, calls)
+                        mine = {b.var for b in calls} | set(aliases)
+                        inside = _use_counts([b for b in bindings if b.var in mine])
+                        used_after = {v for v, n in uses.items() if n > inside.get(v, 0)}
+                        kernels.append(_emit_stitched(bb, mod, target, calls, aliases, env,
+                                                      (grids or {}).get(name, grid), block, k, used_after))
+                    continue
+                if i in alias_positions:      # a field of a stitched call: already bound by the stitch
+                    continue
+                env[b.var] = bb.emit(_remap(b.value, env))
+            out = bb.emit_output(_remap(main.body.body, env))
+        bb.emit_func_output(out)
+    return bb.get(), kernels
+
+
+def _use_counts(bindings, output=None) -> dict:
+    """How often each Relax Var is used by ``bindings`` (and ``output``)."""
+    counts: dict = {}
+
+    def count(v):
+        counts[v] = counts.get(v, 0) + 1
+
+    for node in [b.value for b in bindings] + ([output] if output is not None else []):
+        tvm_ffi.structural_walk(node, (relax.Var, count))
+    return counts
+
+
+def _remap(expr, env):
+    if isinstance(expr, relax.Var):
+        return env.get(expr, expr)
+    return tvm_ffi.structural_map(expr, (relax.Var, lambda v: env.get(v, v)))
+
+
+def _aliases(bindings, calls) -> dict:
+    """``v = t[i]`` bindings whose ``t`` is one of ``calls``: v stands for field i of call t."""
+    pos = {}
+    out = {}
+    for p, b in enumerate(calls):
+        pos[b.var] = p
+        if not isinstance(b.var.ty, relax.TupleType):
+            out[b.var] = Produced("out", p, 0)    # a single-output call stands for its only field
+    for b in bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in pos:
+            out[b.var] = Produced("out", pos[b.value.tuple_value], b.value.index)
+    return out
+
+
+def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None) -> StitchedKernel:
+    """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call."""
+    name = f"souffle_stitched_{index}"
+    # Keys: a produced tensor is a Produced; an input is its Relax expression (an ExprKey).
+    produced, types = [], []
+    stages, args, ids = [], [], []
+    for pos, b in enumerate(calls):
+        gv, fargs = b.value.args[0], list(b.value.args[1].fields)
+        fields = list(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else [b.var.ty]
+        outs = [Produced("out", pos, i) for i in range(len(fields))]
+        produced += outs
+        types += fields
+        ins = [aliases.get(a, a) if isinstance(a, relax.Var) else a for a in fargs]
+        lowered = lower.lower_stage(gv.name_hint, mod[gv], target)
+        n_scratch = lowered[0].scratch
+        scratch = [Produced("scratch", pos, i) for i in range(n_scratch)]
+        produced += scratch
+        for buf in lowered[0].params[len(lowered[0].params) - n_scratch:]:
+            types.append(relax.TensorType([int(d) for d in buf.ty.shape], str(buf.ty.dtype)))
+        for region, st in enumerate(lowered):
+            stages.append(st)
+            args.append(ins + outs + scratch)
+            ids.append(StageId(gv.name_hint, region if len(lowered) > 1 else None))
+    inputs = []
+    for a in (x for fa in args for x in fa if not isinstance(x, Produced)):
+        if not any(a.same_as(x) for x in inputs):
+            inputs.append(a)
+    keys = [ExprKey(x) for x in inputs] + produced
+    grid = max(1, min(grid, max(st.num_blocks for st in stages)))
+    # A tensor may become a slot of a stacked buffer (a loop's per-iteration copy) unless
+    # something after the kernel reads it: a scratch buffer, or an output nobody else uses.
+    leaves = set()
+    for pos, b in enumerate(calls):
+        if used_after is None or b.var in used_after:
+            leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
+    leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
+    func, syncs, stacks = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args],
+                                 grid, block, name=name, target=target, param_keys=keys,
+                                 stackable=lambda k: isinstance(k, Produced) and k not in leaves)
+    if stacks:
+        kind = dict(zip(produced, types))
+        stacked = rolling.stacked_keys(stacks)
+        produced = [k for k in produced if k not in stacked] + [Produced("stack", -1, m) for m in range(len(stacks))]
+        types = [kind[k] for k in produced[:len(produced) - len(stacks)]] + \
+                [relax.TensorType([int(d) for d in st.var.ty.shape], str(st.var.ty.dtype)) for st in stacks]
+    safety = check(func, grid, None)
+    if not safety.ok:
+        raise StitchError(f"{name}: unsafe stitched kernel: {'; '.join(safety.problems)}")
+    gv = bb.add_func(func.without_attr("global_symbol"), name)
+    sinfo = [relax.TensorType([int(d) for d in t.shape], t.dtype) for t in types]
+    call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
+    items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced) if key.kind == "out"}
+    for pos, b in enumerate(calls):
+        n_out = len(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else 1
+        outs = [items[k] for k in produced if k.kind == "out" and k.pos == pos]
+        if len(outs) == n_out:        # (a stacked output is used nowhere after the kernel)
+            env[b.var] = outs[0] if not isinstance(b.var.ty, relax.TupleType) else bb.emit(relax.Tuple(outs))
+        for alias, key in aliases.items():
+            if key.pos == pos and key in items:
+                env[alias] = items[key]
+    return StitchedKernel(name, index, [s.name for s in stages], sum(syncs), grid, safety,
+                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids)
