@@ -93,7 +93,7 @@ def test_gemm_epilogue_with_two_outputs_builds_for_cuda_and_matches(rows, dtype)
 
 
 def test_undefined_buffers_finds_what_reverse_compute_inline_drops():
-    # TVM's minimal reproducer (schedule.undefined_buffers' docstring): B has two consumers.
+    # TVM's minimal reproducer (docs/tvm-workarounds.md): B has two consumers.
     a = te.placeholder((8,), "float32", name="A")
     b = te.compute((8,), lambda i: a[i] * 2.0, name="B")
     c1 = te.compute((4,), lambda i: b[i], name="C1")

@@ -113,23 +113,15 @@ def partition_groups(prog: TEProgram) -> Partition:
     return Partition(groups)
 
 
-def split_unschedulable(groups: list[Group], why_not: dict[int, str | None]) -> tuple[list[Group], list[int]]:
-    """Schedule feedback, one round: ``why_not[i]`` says why group i cannot be scheduled as one
-    kernel as well as its anchor alone (None: it can). Such a group gives up its last member,
-    which becomes a group of its own with the reason; a single stage keeps the reason.
-
-    Returns the new groups and the positions of those made this round (to be judged next)."""
-    out: list[Group] = []
-    fresh: list[int] = []
-    for i, g in enumerate(groups):
-        err = why_not.get(i)
-        if err is None or len(g.members) == 1:
-            if err is not None:
-                g.reason += f"; cannot be scheduled: {err}"
-            out.append(g)
-            continue
-        head, tail = Group(g.members[:-1], reason=g.reason), Group(g.members[-1:])
-        tail.reason = f"schedule: fusing {tail.members[0].op.name} into {g.name}: {err}"
-        fresh += [len(out), len(out) + 1]
-        out += [head, tail]
-    return out, fresh
+def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
+    """Schedule feedback: ``why_not`` says why the group cannot be scheduled as one kernel as
+    well as its anchor alone (None: it can). Such a group gives up its last member, which
+    becomes a group of its own with the reason (both are then judged again, the head first);
+    a single stage keeps the reason. Returns ``[group]`` when it stays as it is."""
+    if why_not is None or len(group.members) == 1:
+        if why_not is not None:
+            group.reason += f"; cannot be scheduled: {why_not}"
+        return [group]
+    head, tail = Group(group.members[:-1], reason=group.reason), Group(group.members[-1:])
+    tail.reason = f"schedule: fusing {tail.members[0].op.name} into {group.name}: {why_not}"
+    return [head, tail]

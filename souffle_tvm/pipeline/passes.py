@@ -154,10 +154,19 @@ class PartitionAndEmit:
         scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database)
         part = kernels.partition_groups(prog)
         readers = readers_of(prog)
-        judge = [i for i, g in enumerate(part.groups) if g.opaque is None]
-        while judge:     # schedule feedback: the partitioner splits what the schedules say to
-            why_not = {i: scheduled.why_not_fused(part.groups[i], outputs_of(part.groups[i], readers)) for i in judge}
-            part.groups, judge = kernels.split_unschedulable(part.groups, why_not)
+        # Schedule feedback, in topological order (the schedule cache keeps the first of equal
+        # functions it meets, so the order is part of what is built): the partitioner splits
+        # what the code generator cannot schedule as well as the anchor alone.
+        pending, done = list(part.groups), []
+        while pending:
+            g = pending.pop(0)
+            parts = [g] if g.opaque is not None else \
+                kernels.split_unschedulable(g, scheduled.why_not_fused(g, outputs_of(g, readers)))
+            if len(parts) == 1:
+                done.append(g)
+            else:
+                pending[:0] = parts
+        part.groups = done
         out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
         info = {**_info(mod), "partition": part, "program": prog, "unscheduled": emit.emit_module(prog, part)}
         return (out.with_attr(PARAMS, tvm_ffi.convert([tvm.runtime.tensor(a) for a in prog.weight_arrays()]))

@@ -14,6 +14,8 @@ per group, and hands the answers down as data:
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx
@@ -54,7 +56,7 @@ class ScheduleCache:
             done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
-                done = schedule.Scheduled(out.with_attr(NOTE_ATTR, why) if why else out, done.rule, done.notes)
+                done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)
         bucket.append((func, done))
         return done
 

@@ -146,7 +146,7 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
 
     ``atomic`` (CUDA): fp32 sums — and the variance, as ``E[x^2]``-style sums — accumulate
     straight into their row results with ``atomicAdd`` (``ATOMIC_ATTR`` stages, built by
-    ``schedule.AtomicRows``) instead of a partial buffer and a combine; the order of the
+    ``codegen.rules.AtomicRows``) instead of a partial buffer and a combine; the order of the
     additions, hence the rounding, is then not fixed. Max and softmax's exp-sum stay
     deterministic (no float atomic for them)."""
 
