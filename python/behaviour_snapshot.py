@@ -26,6 +26,7 @@ MODELS = ("bert", "resnext", "lstm", "efficientnet", "swin", "mmoe")
 SMALL_LEVELS = ("v0", "v1", "v2", "v3", "v4")
 FULL_LEVELS = ("v2", "v3")
 VOLATILE = {"compile_seconds", "nvcc"}   # wall times
+ADDED: set = set()                         # fields only the newer snapshot has
 
 
 def cases(quick: bool) -> list[tuple[str, bool, str]]:
@@ -49,8 +50,10 @@ def _diff(a, b, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b)):
-            if k not in a or k not in b:
-                out.append(f"{path}.{k}: only in {'after' if k not in a else 'before'}")
+            if k not in b:
+                out.append(f"{path}.{k}: only in before")
+            elif k not in a:
+                ADDED.add(f"{path.split('[')[0]}.{k}")    # a new field: listed, not a difference
             else:
                 out += _diff(a[k], b[k], f"{path}.{k}")
         return out
@@ -73,6 +76,8 @@ def compare(before: str, after: str) -> int:
         for d in diffs[:12]:
             print(f"    {d}")
         bad += bool(diffs)
+    if ADDED:
+        print(f"fields only in after (new, not compared): {', '.join(sorted(ADDED))}")
     print(f"{len(set(a) & set(b)) - bad} of {len(set(a) | set(b))} cases identical")
     return 1 if bad else 0
 

@@ -156,3 +156,14 @@ def test_rules_unavailable_for_the_target_are_not_tried(monkeypatch):
     real = schedule.default_rules
     monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None: [NotHere(), *real(bs, k)])
     assert schedule.schedule_group(_gemm(), CUDA, 256).notes == []
+
+
+def test_rules_that_raise_are_counted_in_the_report_and_named_in_the_reasons():
+    """LSTM's gate epilogues make dlight's Matmul raise when fused: the partitioner splits them,
+    the reason names the rule and its exception, and the report counts every such failure."""
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    rep = compile_model("lstm", "cuda", "souffle", small=True, level="v2", nvcc=False).report
+    assert rep.rule_failures > 0
+    assert any("(Matmul: AssertionError" in g["reason"] for g in rep.groups)
+    assert rep.to_json()["rule_failures"] == rep.rule_failures

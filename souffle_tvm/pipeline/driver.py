@@ -90,7 +90,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         report.fallback = fallback
         if souffle is not None:
             assemble.add_souffle_decisions(report, result, level, souffle.partition, souffle.program,
-                                           souffle.subprograms, souffle.stitched)
+                                           souffle.subprograms, souffle.stitched, souffle.schedule_notes,
+                                           souffle.rule_failures)
             if database is not None:
                 report.database = database
                 assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)

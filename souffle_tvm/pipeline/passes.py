@@ -167,8 +167,16 @@ class PartitionAndEmit:
             else:
                 pending[:0] = parts
         part.groups = done
-        out = emit.emit_module(prog, part, schedule=lambda f: scheduled(f).func)
-        info = {**_info(mod), "partition": part, "program": prog, "unscheduled": emit.emit_module(prog, part)}
+        notes = []      # per non-opaque group: the rules passed over, each with why
+
+        def schedule(func):
+            done = scheduled(func)
+            notes.append((list(done.notes), done.failures))
+            return done.func
+
+        out = emit.emit_module(prog, part, schedule=schedule)
+        info = {**_info(mod), "partition": part, "program": prog, "unscheduled": emit.emit_module(prog, part),
+                "schedule_notes": notes, "rule_failures": scheduled.failures}
         return (out.with_attr(PARAMS, tvm_ffi.convert([tvm.runtime.tensor(a) for a in prog.weight_arrays()]))
                 .with_attr(INFO, tvm_ffi.convert(info)))
 

@@ -44,6 +44,7 @@ class ScheduleCache:
         self.gemm_k_tile = gemm_k_tile
         self.database = database
         self.cache: dict = {}
+        self.failures = 0     # rules that raised, over every distinct function scheduled
 
     def __call__(self, func) -> schedule.Scheduled:
         bucket = self.cache.setdefault(tvm_ffi.structural_hash(func), [])
@@ -54,6 +55,7 @@ class ScheduleCache:
         if not isinstance(done, schedule.Scheduled):
             why = done
             done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
+            self.failures += done.failures
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
                 done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)

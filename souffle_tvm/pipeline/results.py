@@ -40,6 +40,9 @@ class SouffleModule:
     subprograms: list = field(default_factory=list)   # (group indices, reason for the cut)
     unstitched: tvm.IRModule | None = None            # ``mod`` before stitching (to stitch again)
     feedback: Feedback = field(default_factory=Feedback)   # what the stitch was told by ptxas
+    # per non-opaque group: (rules passed over as "Rule: why", how many of them raised)
+    schedule_notes: list = field(default_factory=list)
+    rule_failures: int = 0     # schedule rules that raised, candidate groups included
 
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Options | None = None,
@@ -62,7 +65,8 @@ def _collect(out: tvm.IRModule, options: Options, feedback: Feedback) -> Souffle
                          [p.numpy() for p in passes.params_of(out)], options, info.get("vertical"),
                          info.get("horizontal"), info.get("two_phase"), list(info.get("stitched", [])),
                          [(list(idx), why) for idx, why in info.get("subprograms", [])], info.get("unstitched"),
-                         feedback)
+                         feedback, [(list(n), int(f)) for n, f in info.get("schedule_notes", [])],
+                         int(info.get("rule_failures", 0)))
 
 
 def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedback) -> SouffleModule:
@@ -75,4 +79,5 @@ def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedba
     out = tvm.transform.Sequential(steps)(mod)
     again = _collect(out, souffle.options, feedback)
     return dataclasses.replace(again, params=souffle.params, vertical=souffle.vertical,
-                               horizontal=souffle.horizontal, two_phase=souffle.two_phase)
+                               horizontal=souffle.horizontal, two_phase=souffle.two_phase,
+                               schedule_notes=souffle.schedule_notes, rule_failures=souffle.rule_failures)

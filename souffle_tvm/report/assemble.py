@@ -107,12 +107,20 @@ def check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
 
 
 def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,
-                          subprograms: list, stitched: list) -> None:
-    """The groups with their reasons, the group DAG, the subprograms, and per stitched kernel its
-    stages, grid syncs, prefetch and its own bytes (its stages' footprints)."""
+                          subprograms: list, stitched: list, schedule_notes: list, rule_failures: int) -> None:
+    """The groups with their reasons (and the schedule rules passed over, ``schedule_notes``:
+    per non-opaque group the "Rule: why" notes and how many rules raised), the group DAG, the
+    subprograms, and per stitched kernel its stages, grid syncs, prefetch and its own bytes
+    (its stages' footprints). ``rule_failures``: schedule rules that raised, over every group
+    the partitioner asked about (candidates it then split included)."""
     report.level = level
     report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name], "reason": g.reason}
                      for g in partition.groups]
+    scheduled = [entry for entry, g in zip(report.groups, partition.groups) if g.opaque is None]
+    for entry, (notes, _) in zip(scheduled, schedule_notes):
+        if notes:
+            entry["schedule_notes"] = notes
+    report.rule_failures = rule_failures
     report.group_edges = group_edges(program, partition.groups)
     report.subprograms = [{"groups": [partition.groups[i].name for i in idx], "indices": list(idx), "reason": why}
                           for idx, why in subprograms]

@@ -28,6 +28,9 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
                    database, ``schedule`` ("database" or "default: <rule>"; stitched kernels
                    count their stages) and ``schedule_note`` (why a record was not used)
 database           the tuning database the compile read (``--database``), else null
+rule_failures      souffle only: how many times a schedule rule raised on a group (candidates the
+                   partitioner then split included) and the next rule was tried; a final
+                   group's ``schedule_notes`` names the rules passed over for it and why
 =================  ==========================================================================
 """
 
@@ -79,6 +82,7 @@ class Report:
     group_edges: list[list[int]] = field(default_factory=list)
     fallback: str | None = None
     database: str | None = None          # the tuning database compile read (``--database``)
+    rule_failures: int = 0               # souffle: schedule rules that raised (and were passed over)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
