@@ -70,6 +70,16 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """Read-only: remember each device kernel's launch shape and global buffers."""
     if not _recording:
         return mod
+    # Which PrimFunc launches each kernel: its host side calls the kernel by name.
+    launcher: dict[str, str] = {}
+
+    def launch(call, host: str) -> None:
+        if getattr(call.op, "name", "") == "tirx.call_ffi_kernel":
+            launcher.setdefault(str(call.args[0].value), host)
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, (tvm.ir.Call, lambda c, host=gv.name_hint: launch(c, host)))
     for gv, func in mod.functions.items():
         if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
             continue
@@ -77,7 +87,7 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             continue
         grid, block = tir_stats.launch_extents(func)
         name = gv.name_hint
-        primfunc = name.split("_kernel")[0] if "_kernel" in name else name
+        primfunc = launcher.get(name, name)
         _recording[-1].append(DeviceKernel(
             name, primfunc, grid, block, tir_stats.kernel_global_buffers(func),
             tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func),
