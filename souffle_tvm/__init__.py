@@ -2,8 +2,8 @@
 
 ``souffle_tvm.compile(model, target, fusion=...)`` is the one-call API; ``souffle-tvm`` the CLI.
 
-The compiler entry points are imported lazily: ``souffle_tvm.zoo``, ``souffle_tvm.numerics``
-and ``souffle_tvm.standalone`` work where only numpy/onnx and the TVM *runtime* exist (the
+The compiler entry points are imported lazily: ``souffle_tvm.zoo``, ``souffle_tvm.runtime.numerics``
+and ``souffle_tvm.runtime.standalone`` work where only numpy/onnx and the TVM *runtime* exist (the
 GPU machine the device check runs on).
 """
 

@@ -14,6 +14,8 @@ from souffle_tvm.stitch import check as stitch_check, kernel_ir, lower
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
+from souffle_tvm.errors import StitchError
+from souffle_tvm.stitch.module import stitch_module
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def bert_v3():
 
 def test_bert_attention_block_is_one_kernel(bert_v3):
     # 2 layers x (attention block, FFN block): 4 cooperative kernels
-    assert len(bert_v3.stitched) == 4 and not any(k.refused for k in bert_v3.stitched)
+    assert len(bert_v3.stitched) == 4 and all(k.grid_syncs >= 0 and k.function for k in bert_v3.stitched)
     attention = bert_v3.stitched[0]
     assert len(attention.stages) == 6            # QKV GEMM, QK^T, softmax, PV, out-proj, residual + LayerNorm
     assert attention.grid_syncs == 5 and attention.safety.ok
@@ -170,3 +172,11 @@ def test_ptxas_feedback_splits_a_kernel_that_spills(monkeypatch):
     assert r.launches >= 2
     assert any(sp["reason"].startswith("ptxas feedback: 64 B of register spills") for sp in r.subprograms)
     assert all(k.spill_bytes == 0 for k in r.kernels)
+
+
+def test_stitching_refuses_a_subprogram_the_partitioner_should_not_have_drawn(bert_v3, monkeypatch):
+    """Boundaries are the partitioner's alone: handed a stage it cannot stitch, the stitcher
+    raises instead of silently drawing a cut of its own."""
+    monkeypatch.setattr(lower, "why_not_stitchable", lambda f, t, b: "its schedule uses 512 threads per block")
+    with pytest.raises(StitchError, match="cannot be stitched: its schedule uses 512"):
+        stitch_module(bert_v3.unstitched, make_target("cuda"), [[0, 1]], grid=132)

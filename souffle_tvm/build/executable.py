@@ -1,4 +1,5 @@
-"""The ``--fusion tvm`` path: TVM's own default Relax pipeline, with its kernels inventoried.
+"""Build a Relax module with TVM's own default pipeline (``--fusion tvm``, and Souffle's module
+of already scheduled group PrimFuncs), with its kernels inventoried.
 
 The default pipeline is run in two halves so the kernel structure can be read in between:
 (1) library dispatch + legalization (LegalizeOps, FuseOps, FuseTIR, dlight on CUDA): the

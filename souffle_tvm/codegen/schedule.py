@@ -17,7 +17,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ..core.geometry import MATMUL_K_TILE
+from ..core.geometry import MATMUL_K_TILE, STITCH_BLOCK
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
 from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, TensorCoreMatmul
@@ -44,8 +44,8 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None) -> lis
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     # One block size for every stage of a stitched kernel: rules whose thread count is fixed
     # by the rule itself (GEMV, Reduction) are left out.
-    if block_size != 256:
-        raise ScheduleError(f"stitched stages are scheduled with 256 threads (asked: {block_size})")
+    if block_size != STITCH_BLOCK:
+        raise ScheduleError(f"stitched stages are scheduled with {STITCH_BLOCK} threads (asked: {block_size})")
     return [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(gemm_k_tile or MATMUL_K_TILE),
             ColumnReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 

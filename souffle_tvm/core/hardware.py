@@ -1,7 +1,7 @@
 """GPU limits (one table) and the CUDA occupancy calculation that the grid-sync limit needs.
 
 Figures: NVIDIA's CUDA C Programming Guide, "Compute Capabilities" tables, and the data
-sheets of each part; the H200's SM count and L2 were read on a real H200 (see docs/gpu.md).
+sheets of each part; the H200's SM count and L2 were read on a real H200 (docs/gpu-check.md).
 Occupancy follows the CUDA occupancy calculator: registers are allocated per warp in units
 of 256, warps per block rounded up, shared memory in 128-byte units plus 1 KB reserved per
 block (sm_80 and later).
@@ -30,7 +30,7 @@ class GPU:
     threads_per_block: int = 1024
     blocks_per_sm: int = 32
     warp_size: int = 32
-    # The rest feeds the roofline estimate of the benchmark issue; nothing reads it yet.
+    # The rest feeds the roofline estimate (report/roofline.py) and V4's prefetch budget (L2).
     dram_bandwidth: float = 2.039e12     # bytes/s
     fp32_flops: float = 19.5e12
     fp16_flops: float = 312e12           # dense tensor-core peak

@@ -26,7 +26,7 @@ def over_budget(report: Report, souffle: SouffleModule, arch: str) -> dict[str, 
     """{stitched kernel function: what ptxas found} for kernels that spill or leave no block of
     the kernel co-resident on an SM: the partitioner's estimate was wrong about them."""
     gpu = hardware.for_arch(arch)
-    stitched = {k.function for k in souffle.stitched if not k.refused and len(k.stages) > 1}
+    stitched = {k.function for k in souffle.stitched if len(k.stages) > 1}
     out = {}
     for k in report.kernels:
         if k.primfunc not in stitched or k.registers is None:
@@ -69,7 +69,7 @@ def coresident_grids(report: Report, souffle: SouffleModule) -> dict[str, int]:
     """{stitched kernel function: blocks} where the grid launched (from the static estimate)
     differs from what ptxas' figures let be co-resident and the stages can use: fewer (needed,
     or grid.sync() could deadlock) or more (more parallelism)."""
-    stitched = {k.function: k for k in souffle.stitched if not k.refused}
+    stitched = {k.function: k for k in souffle.stitched}
     out = {}
     for k in report.kernels:
         sk = stitched.get(k.primfunc)
@@ -120,7 +120,7 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
         grids = coresident_grids(report, souffle)
         if grids:
             progress.step(f"restitching {len(grids)} cooperative kernel(s) with the grid ptxas allows")
-            by_name = {k.name: grids.get(k.function, k.grid) for k in souffle.stitched if not k.refused}
+            by_name = {k.name: grids.get(k.function, k.grid) for k in souffle.stitched}
             again = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=by_name))
             result2, report2, src2 = build_and_report(imported, again, target, use_nvcc)
             seconds += report2.nvcc.get("seconds", 0.0)
@@ -134,7 +134,7 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
                     souffle, result, report, src = again, result2, report2, src2
             except CoresidencyError:
                 # the new grid changed the code enough not to fit: one block per SM always does
-                sms = {k.name: hardware.for_arch(arch).sms for k in souffle.stitched if not k.refused}
+                sms = {k.name: hardware.for_arch(arch).sms for k in souffle.stitched}
                 souffle = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=sms))
                 result, report, src = build_and_report(imported, souffle, target, use_nvcc)
                 seconds += report.nvcc.get("seconds", 0.0)

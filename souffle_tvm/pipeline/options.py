@@ -1,6 +1,6 @@
 """The settings of one compile, checked once.
 
-``level`` selects the paper's ablation level by turning passes off by name:
+``level`` selects the paper's ablation level by leaving passes out by name (``LEVEL_DISABLES``):
 v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, no grid sync),
 v3 + two-phase reductions and stitching (each subprogram of groups becomes ONE cooperative
 kernel with grid syncs; CUDA only: on llvm, the CPU twin, v3 builds the same groups as loop
@@ -21,10 +21,12 @@ FUSIONS = ("tvm", "souffle")
 PARTITIONERS = ("budget", "blocks")
 REDUCTIONS = ("deterministic", "atomic")
 
-# The passes (by name) each level leaves out; v3 and v4 run every transform.
-LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
-                  "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction"],
-                  "v2": ["souffle.TwoPhaseReduction"], "v3": [], "v4": []}
+# The passes (by name) each level leaves out (``passes.SoufflePipeline`` reads it; stitching and
+# the prefetch are CUDA's alone, whatever the level).
+_STITCH = ["souffle.StitchSubprograms", "souffle.PlantPrefetch"]
+LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "souffle.TwoPhaseReduction", *_STITCH],
+                  "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction", *_STITCH],
+                  "v2": ["souffle.TwoPhaseReduction", *_STITCH], "v3": ["souffle.PlantPrefetch"], "v4": []}
 LEVELS = tuple(LEVEL_DISABLES)
 STITCHING_LEVELS = ("v3", "v4")
 

@@ -28,11 +28,11 @@ from ..errors import SouffleError
 from ..partition import kernels, subprograms
 from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
-from ..stitch.module import stitch_module
+from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
 from . import policies
-from .options import LEVELS, Feedback, Options
+from .options import LEVEL_DISABLES, Feedback, Options
 
 PROGRAM = "souffle.te_program"
 INFO = "souffle.info"
@@ -215,7 +215,7 @@ class StitchSubprograms:
         if estimated:
             # first build: as many blocks as the static estimate lets be co-resident; the build
             # checks them against ptxas' figures and the driver re-stitches where they differ
-            grids = {f"souffle_stitched_{k}": subprograms.estimated_grid(facts, idx, gpu)
+            grids = {kernel_name(k): subprograms.estimated_grid(facts, idx, gpu)
                      for k, (idx, _) in enumerate(subs) if len(idx) > 1 and all(i in calls.call_index for i in idx)}
         out, stitched = stitch_module(clean, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids)
@@ -261,17 +261,14 @@ def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None
     options = options or Options()
     target = _target(target)
     options.check(target)
-    level = LEVELS.index(options.level)
     stitching = options.stitches(target)
     steps = [LowerToTE(params)] if lower else []
-    steps.append(FoldWeights())
-    steps += [HorizontalFusion()] if level >= 1 else []
-    steps += [VerticalFusion()] if level >= 2 else []
-    steps += [TwoPhaseReduction(options.reduction == "atomic")] if level >= 3 else []
-    steps.append(PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
-                                  options.gemm_k_tile if stitching else None, database))
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic"),
+              PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
+                               options.gemm_k_tile if stitching else None, database)]
     if stitching:
-        steps.append(StitchSubprograms(target, options.partitioner, feedback))
-        if options.level == "v4":
-            steps.append(PlantPrefetch(target, (feedback or Feedback()).no_prefetch))
-    return tvm.transform.Sequential(steps, opt_level=0, name="souffle.Pipeline")
+        steps += [StitchSubprograms(target, options.partitioner, feedback),
+                  PlantPrefetch(target, (feedback or Feedback()).no_prefetch)]
+    left_out = LEVEL_DISABLES[options.level]
+    return tvm.transform.Sequential([s for s in steps if s.info.name not in left_out], opt_level=0,
+                                    name="souffle.Pipeline")

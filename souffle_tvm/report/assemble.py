@@ -78,8 +78,6 @@ def add_stitched_work(result: BuildResult, stitched: list) -> None:
     """A stitched kernel does its stages' work and moves their traffic (intermediates included:
     without two-phase reductions they still pass through global memory)."""
     for k in stitched:
-        if k.refused:
-            continue
         # Once per call: a function called many times (an LSTM's GEMV) counts each time, and a
         # function lowered to several launch regions counts once (its first region).
         calls = [st.function for st in k.stage_ids if st.region in (None, 0)]
@@ -138,7 +136,7 @@ def add_schedule_sources(report: Report, mod, unstitched, stitched: list) -> Non
     (a stitched kernel counts its stages)."""
     funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
     stages = {gv.name_hint: f for gv, f in (unstitched or mod).functions.items() if isinstance(f, tirx.PrimFunc)}
-    ids = {k.function: k.stage_ids for k in stitched if not k.refused}
+    ids = {k.function: k.stage_ids for k in stitched}
     for kr in report.kernels:
         if kr.stages:
             found = [schedule_source(stages[st.function]) for st in ids.get(kr.primfunc, []) if st.function in stages]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from .schema import Report, _dims, _si
+from .schema import Report, dims, si
 
 MAX_GRAPH_NODES = 400   # beyond this the picture is unreadable anyway; the tables list every group
 NODE_W, NODE_H, GAP_X, GAP_Y = 190, 38, 26, 34
@@ -72,7 +72,7 @@ def _header(r: Report) -> str:
     res = "ptxas" if r.nvcc.get("available") else f"none ({escape(r.nvcc.get('note', ''))})"
     cards = [("launches / inference", r.launches), ("distinct kernels", r.distinct_kernels),
              ("groups", len(r.groups) or "-"), ("subprograms", len(r.subprograms) or "-"),
-             ("traffic", _si(r.bytes) + "B"), ("work", _si(r.flops) + "FLOP"),
+             ("traffic", si(r.bytes) + "B"), ("work", si(r.flops) + "FLOP"),
              ("compile", f"{r.compile_seconds:.2f} s"),
              ("grid syncs", sum((k.grid_syncs or 0) * k.launches for k in r.kernels))]
     html = [f"<h1>{escape(r.model)}</h1><div class='sub'>target {escape(r.target)}"
@@ -258,10 +258,10 @@ def _kernel_section(r: Report) -> str:
                       + "<br>".join(escape(s) for s in k.stages) + "</code></details>")
         rows.append(
             f"<tr><td><code>{escape(k.name)}</code>{'<br><span class=note>' + coop + '</span>' if coop else ''}"
-            f"{stages}</td><td class=n>{k.launches}</td><td class=n>{_dims(k.grid)}</td><td class=n>{_dims(k.block)}</td>"
+            f"{stages}</td><td class=n>{k.launches}</td><td class=n>{dims(k.grid)}</td><td class=n>{dims(k.block)}</td>"
             f"<td class=n>{_opt(k.registers)}</td><td class=n>{_opt(k.shared_bytes)}</td>"
             f"<td class=n>{_opt(k.spill_bytes)}</td><td class=n>{_opt(k.grid_syncs)}</td>"
-            f"<td class=n>{_si(k.bytes)}</td><td class=n>{_si(k.flops)}</td><td class=n>{intensity}</td></tr>")
+            f"<td class=n>{si(k.bytes)}</td><td class=n>{si(k.flops)}</td><td class=n>{intensity}</td></tr>")
     return ("<h2>Kernels</h2><p class='note'>Per launch, ordered by launches × bytes. Registers and shared "
             "memory (bytes) come from ptxas; bytes are the compulsory global traffic of one launch; flops "
             "count a multiply-add as two; intensity = flops / byte.</p>"

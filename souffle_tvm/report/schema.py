@@ -11,12 +11,13 @@ distinct_kernels   distinct ``__global__`` functions (on llvm: distinct PrimFunc
 compile_seconds    wall time of the build (import excluded; nvcc excluded, see ``nvcc``)
 bytes, flops       per inference: Σ launches × kernel bytes / flops
 nvcc               {available, seconds, note}: whether resource figures come from ptxas
-level              souffle only: the pipeline level (v0 none, v1 + horizontal, v2 + vertical)
+level              souffle only: the pipeline level (v0 none, v1 + horizontal, v2 + vertical,
+                   v3 + two-phase reductions and stitched kernels, v4 + L2 prefetch)
 groups[]           souffle only: per kernel group its name, members, and ``reason`` (why a
                    boundary was drawn before it); ``fallback`` says why TVM's path was used
 group_edges[]      souffle only: the group DAG, ``[producer, consumer]`` indices into
                    ``groups`` (a consumer reads something the producer writes)
-subprograms[]      v3 only: the groups stitched into one cooperative kernel (``groups``: their
+subprograms[]      v3/v4 only: the groups stitched into one cooperative kernel (``groups``: their
                    names; ``indices``: their positions in ``groups``), and ``reason`` (why the
                    subprogram ends where it does)
 kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
@@ -118,7 +119,7 @@ class Report:
             f"model {self.model}  target {self.target}{arch}  fusion {self.fusion}",
             f"launches/inference {self.launches}   distinct kernels {self.distinct_kernels}   "
             f"compile {self.compile_seconds:.2f} s",
-            f"traffic {_si(self.bytes)}B   work {_si(self.flops)}FLOP   "
+            f"traffic {si(self.bytes)}B   work {si(self.flops)}FLOP   "
             f"resources: {'ptxas' if self.nvcc.get('available') else 'none (' + self.nvcc.get('note', '') + ')'}",
             "",
             f"{'kernel':<44} {'calls':>5} {'grid':>13} {'block':>11} {'regs':>4} {'smem':>7} {'spill':>5} "
@@ -128,8 +129,8 @@ class Report:
         for k in ranked[:max_rows]:
             name = k.name if len(k.name) <= 44 else k.name[:41] + "..."
             lines.append(
-                f"{name:<44} {k.launches:>5} {_dims(k.grid):>13} {_dims(k.block):>11} {_opt(k.registers):>4} "
-                f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {_si(k.bytes):>8} {_si(k.flops):>8}")
+                f"{name:<44} {k.launches:>5} {dims(k.grid):>13} {dims(k.block):>11} {_opt(k.registers):>4} "
+                f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {si(k.bytes):>8} {si(k.flops):>8}")
         if len(ranked) > max_rows:
             lines.append(f"... {len(ranked) - max_rows} more kernels (see the JSON report)")
         if self.database:
@@ -164,7 +165,7 @@ def _reason_counts(items: list[dict]) -> list[str]:
     return [f"  {n:>4} x {r}" for r, n in sorted(counts.items(), key=lambda x: -x[1])]
 
 
-def _si(x: float) -> str:
+def si(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.1f}{unit}"
@@ -175,7 +176,7 @@ def _opt(x) -> str:
     return "-" if x is None else str(x)
 
 
-def _dims(d) -> str:
+def dims(d) -> str:
     if d is None:
         return "-"
     while len(d) > 1 and d[-1] == 1:

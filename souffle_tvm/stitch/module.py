@@ -16,6 +16,7 @@ from tvm import relax
 from . import lower, rolling
 from .check import SafetyReport, check
 from .kernel import stitch
+from ..core.geometry import STITCH_BLOCK
 from ..errors import StitchError
 
 
@@ -36,9 +37,13 @@ class StitchedKernel:
     safety: SafetyReport | None = None
     max_blocks: int = 0            # the most blocks any stage has: more grid would idle
     function: str = ""             # the PrimFunc it calls: identical kernels (repeated layers) share one
-    refused: str | None = None     # why the stages stayed separate kernels (then nothing else is set)
     prefetched_bytes: int = 0      # V4: bytes of inputs prefetched into L2 ahead of the segment reading them
     stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
+
+
+def kernel_name(subprogram: int) -> str:
+    """The name of the stitched kernel made from subprogram ``subprogram`` (and its Relax call)."""
+    return f"souffle_stitched_{subprogram}"
 
 
 class ExprKey:
@@ -64,7 +69,7 @@ class Produced(NamedTuple):
 
 
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
-                  block: int = 256,
+                  block: int = STITCH_BLOCK,
                   grids: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
@@ -86,18 +91,14 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
             for j in sp:
                 member_of[call_pos[j]] = k
     kernels: list[StitchedKernel] = []
-    # Subprograms that cannot be stitched (a stage with several launches, a non-static grid...)
-    # keep their separate kernels; the reason is recorded, never an error.
-    refused = {}
+    # The partitioner draws every boundary: it never hands over a stage that cannot be stitched
+    # (it asks ``lower.why_not_stitchable`` too); one here is a bug upstream, not a new cut.
     for k, sp in enumerate(subprograms):
-        if len(sp) > 1:
-            why = next((w for j in sp for w in [lower.why_not_stitchable(mod[bindings[call_pos[j]].value.args[0]],
-                                                                         target, block)] if w), None)
+        for j in (sp if len(sp) > 1 else []):
+            why = lower.why_not_stitchable(mod[bindings[call_pos[j]].value.args[0]], target, block)
             if why is not None:
-                refused[k] = why
-                kernels.append(StitchedKernel(f"souffle_stitched_{k}", k, [], 0, 0, refused=why))
-    stitched_calls = [bindings[call_pos[j]] for k, sp in enumerate(subprograms)
-                      if len(sp) > 1 and k not in refused for j in sp]
+                raise StitchError(f"subprogram {k} holds a stage that cannot be stitched: {why}")
+    stitched_calls = [bindings[call_pos[j]] for sp in subprograms if len(sp) > 1 for j in sp]
     stitched_vars = {b.var for b in stitched_calls}
     stitched_aliases = _aliases(bindings, stitched_calls)
     alias_positions = {i for i, b in enumerate(bindings) if b.var in stitched_aliases and b.var not in stitched_vars}
@@ -109,12 +110,12 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
             env: dict = {}
             done = set()
             for i, b in enumerate(bindings):
-                if i in member_of and member_of[i] not in refused:
+                if i in member_of:
                     k = member_of[i]
                     if k not in done:
                         done.add(k)
                         calls = [bindings[call_pos[j]] for j in subprograms[k]]
-                        name = f"souffle_stitched_{k}"
+                        name = kernel_name(k)
                         aliases = _aliases(bindings, calls)
                         mine = {b.var for b in calls} | set(aliases)
                         inside = _use_counts([b for b in bindings if b.var in mine])
@@ -164,7 +165,7 @@ def _aliases(bindings, calls) -> dict:
 
 def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None) -> StitchedKernel:
     """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call."""
-    name = f"souffle_stitched_{index}"
+    name = kernel_name(index)
     # Keys: a produced tensor is a Produced; an input is its Relax expression (an ExprKey).
     produced, types = [], []
     stages, args, ids = [], [], []

@@ -9,10 +9,8 @@ of the inputs the *next* segment reads first, then waits at the sync: that DRAM 
 overlaps the wait for the slowest block and the sync itself, and the next segment finds its
 weights in L2 (the paper's "tiles prefetched before the grid sync").
 
-Why at the end of a segment rather than its start: there the stages' registers are dead.
-Planted at the start, the prefetch loops pushed ResNeXt-101's stitched kernels into ptxas
-spills (28-152 B), and the ptxas feedback split them (6 -> 8 launches); at the end the
-kernels keep V3's 80 registers, no spills, and V3's 6 launches.
+Why at the end of a segment rather than its start: there the stages' registers are dead
+(at the start the loops made ResNeXt-101's kernels spill; docs/benchmarks.md has the figures).
 
 A prefetch is a hint with no semantics: results are unchanged, the stitching checks and the
 emulator ignore it (``kernel_ir.is_prefetch``). The lines one segment prefetches are capped at a
@@ -145,8 +143,7 @@ def plant_module(mod: tvm.IRModule, kernels: list[StitchedKernel], l2_bytes: int
     """
     sharing: dict[str, list[int]] = {}          # function -> its kernels (positions), in call order
     for n, k in enumerate(kernels):
-        if not k.refused:
-            sharing.setdefault(k.function, []).append(n)
+        sharing.setdefault(k.function, []).append(n)
     gv_of = {gv.name_hint: gv for gv in mod.get_global_vars()}
     bb = relax.BlockBuilder(mod)
     calls_of = _stitched_calls(mod, [gv_of[f] for f in sharing])
