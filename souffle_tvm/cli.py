@@ -16,6 +16,7 @@ import numpy as np
 from .core import progress
 from . import zoo
 from .errors import SouffleError
+from .frontend.binding import parse_bind
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -28,6 +29,9 @@ def _input_args(p: argparse.ArgumentParser) -> None:
                    help="zoo models: precision of weights and activations (bert and swin also in float16)")
     p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
                    help="fix the shapes of dynamic model inputs")
+    p.add_argument("--bind", action="append", default=None, metavar="NAME=VALUE",
+                   help="fix a model input to a value at compile time (a number, true/false, or an "
+                        "array.npy), e.g. a configuration input an If branches on; repeatable")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -171,7 +175,7 @@ def cmd_tune(args) -> int:
 
     tune.tune(args.model, make_target(args.target, args.arch), args.database, args.trials, level=args.fusion_level,
               small=args.small, dtype=args.dtype, shapes=_parse_shapes(args.input_shapes),
-              rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key, max_tasks=args.max_stages)
+              bind=parse_bind(args.bind), rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key, max_tasks=args.max_stages)
     return EXIT_OK
 
 
@@ -196,7 +200,8 @@ def cmd_analyze(args) -> int:
     from .frontend.importer import import_onnx
     from .transforms import vertical
 
-    m = import_onnx(args.model, _parse_shapes(args.input_shapes), small=args.small, dtype=args.dtype)
+    m = import_onnx(args.model, _parse_shapes(args.input_shapes), small=args.small, dtype=args.dtype,
+                    bind=parse_bind(args.bind))
     prog = te_program.lower(m.mod, weight_values=m.params)
     a = analysis.analyze(prog)
     print(a.table(args.rows))
@@ -222,7 +227,7 @@ def cmd_compile(args) -> int:
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
-                             reduction=args.reduction, database=args.database)
+                             reduction=args.reduction, database=args.database, bind=parse_bind(args.bind))
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
@@ -275,7 +280,7 @@ def cmd_run(args) -> int:
             shapes = {**shapes_from_arrays(load_model(args.model, args.small, args.dtype)[1], feeds),
                       **(shapes or {})}
         compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
-                                 shapes=shapes, level=args.level)
+                                 shapes=shapes, level=args.level, bind=parse_bind(args.bind))
         executable, params = compiled.executable, compiled.model.params
         inputs, output_names, model = compiled.model.inputs, compiled.model.outputs, compiled.model.onnx_model
     feeds = feeds if feeds is not None else runner.random_inputs(inputs, args.seed)

@@ -253,7 +253,7 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
 
 
 def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, level: str = "v2",
-         small: bool = False, dtype: str = "float32", shapes: dict | None = None,
+         small: bool = False, dtype: str = "float32", shapes: dict | None = None, bind: dict | None = None,
          rpc_tracker: str | None = None, rpc_key: str | None = None, max_tasks: int | None = None,
          log: Callable[[str], None] = print) -> TuneSummary:
     """Tune every distinct Souffle stage of ``model`` for ``target``; the records go to
@@ -268,7 +268,8 @@ def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, le
         raise TuningError(f"tuning follows the v2 or v3 groups (got level {level!r})")
     t0 = time.perf_counter()
     runner = make_runner(target, rpc_tracker, rpc_key)     # first: a missing GPU stops us at once
-    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
+    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
+                                                                          bind=bind)
     tasks = extract_tasks(imported.mod, target, imported.params, level)
     log(f"{imported.name}: {len(tasks)} distinct stages ({sum(t.calls for t in tasks)} group calls) at {level}, "
         f"target {describe(target)}, {trials} trials each, database {database_dir}")

@@ -18,7 +18,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import onnx_control, onnx_fold, onnx_rnn
+from . import binding, onnx_control, onnx_fold, onnx_rnn
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
 _NP_DTYPES = {
@@ -182,15 +182,17 @@ def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule,
 
 
 def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
-                dtype: str = "float32", fold: bool = True) -> ImportedModel:
+                dtype: str = "float32", fold: bool = True, bind: dict[str, object] | None = None) -> ImportedModel:
     """Load, validate and import an ONNX model into Relax with its weights detached.
 
     With ``fold`` (the default) the model's run-time shape arithmetic and constant control flow
     are folded first, for the static input shapes (``onnx_fold``); ``fold=False`` hands the
-    graph to TVM's importer as it is. ``ImportedModel.onnx_model`` stays the unfolded model, so
-    a reference run checks the folding too.
+    graph to TVM's importer as it is. ``bind`` fixes model inputs to values (``binding``): they
+    are no longer inputs. ``ImportedModel.onnx_model`` stays the unfolded model (with the bound
+    values), so a reference run checks the folding too.
     """
     name, model = load_model(source, small=small, dtype=dtype)
+    model = binding.bind_inputs(model, bind or {})
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:

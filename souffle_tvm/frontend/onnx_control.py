@@ -328,6 +328,8 @@ def check_control_flow(model: onnx.ModelProto) -> None:
             role = {"If": "condition", "Loop": "trip count"}[node.op_type]
             sources = dynamic_sources(graph, node.input[0]) if node.input and node.input[0] else []
             why = f" (computed from model input(s) {', '.join(map(repr, sources))})" if sources else ""
+            fix = (f": if {' and '.join(map(repr, sources))} is always the same value, fix it with "
+                   f"--bind {sources[0]}=VALUE (bind={{{sources[0]!r}: value}})") if sources else ""
             raise UnsupportedOperatorError(
                 f"node {node.name!r} ({node.op_type}): its {role} does not fold to a constant{why}; "
-                "souffle-tvm compiles static graphs only: control flow must be decided at compile time")
+                f"souffle-tvm compiles static graphs only: control flow must be decided at compile time{fix}")

@@ -46,7 +46,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
             nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None,
             partitioner: str = "budget", reduction: str = "deterministic",
-            database: str | None = None) -> Compiled:
+            database: str | None = None, bind: dict | None = None) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -55,12 +55,14 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     co-resident; v4 + an L2 prefetch of each kernel's next segment). A model that cannot be
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
     ``gemm_k_tile``, ``partitioner``, ``reduction``, ``database``: see :class:`Options`.
+    ``bind``: model inputs fixed to values at compile time ({name: value}; ``frontend.binding``).
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc).check(tgt)
     if not isinstance(model, ImportedModel):
         progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
-    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype)
+    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
+                                                                          bind=bind)
     t0 = time.perf_counter()
     souffle, fallback = None, None
     if fusion == "souffle":
