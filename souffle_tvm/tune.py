@@ -147,10 +147,13 @@ def make_runner(target: tvm.target.Target, rpc_tracker: str | None, rpc_key: str
         if not (rpc_tracker and rpc_key):
             raise TuningError("--rpc-tracker and --rpc-key go together")
         host, port = parse_tracker(rpc_tracker)
-        check_tracker(host, port, rpc_key)
+        free = check_tracker(host, port, rpc_key)
+        # RPCRunner takes no timeout of its own: RPCConfig's session_timeout_sec bounds both
+        # reaching the tracker and each candidate's run (RPCRunnerFuture gives up after it).
+        # One connection per server free now (RPCRunner's default is one in all).
         return ms.runner.RPCRunner(ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc_key,
                                                        session_timeout_sec=int(timeout_s)),
-                                   evaluator_config=evaluator, timeout_sec=timeout_s)
+                                   evaluator_config=evaluator, max_workers=max(1, free))
     if is_cuda(target) and not cuda_available():
         raise TuningError("tuning for CUDA measures every candidate on a GPU: this machine has none "
                           f"(TVM CUDA runtime {'present' if tvm.runtime.enabled('cuda') else 'absent'}). "
