@@ -10,12 +10,13 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
 from .core import progress
 from . import zoo
-from .errors import SouffleError
+from .errors import SouffleError, SouffleWarning
 from .frontend.binding import parse_bind
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -305,13 +306,31 @@ def cmd_run(args) -> int:
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
+def _show_warning(show):
+    """Our warnings (something recovered from, e.g. a cache entry recomputed) as one
+    ``souffle-tvm: note:`` line; any other warning as Python shows it."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, SouffleWarning):
+            progress.clear()
+            print(f"souffle-tvm: note: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"compile": cmd_compile, "run": cmd_run, "zoo": cmd_zoo, "analyze": cmd_analyze, "tune": cmd_tune}
     if not args.quiet and progress.wanted():
         progress.enable()
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning(warnings.showwarning)
+        return _run(handlers.get(args.command) or args.handler, args)
+
+
+def _run(handler, args) -> int:
     try:
-        return (handlers.get(args.command) or args.handler)(args)
+        return handler(args)
     except (SouffleError, OSError, ValueError, KeyError) as err:
         # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
         progress.clear()

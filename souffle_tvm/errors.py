@@ -47,3 +47,12 @@ class OptionsError(SouffleError, ValueError):
 
 class CoresidencyError(SouffleError):
     """A cooperative kernel's grid cannot be co-resident on the GPU: grid.sync() would deadlock."""
+
+
+class SouffleWarning(UserWarning):
+    """Something went wrong and was recovered from: the CLI prints it as one ``note:`` line."""
+
+
+class CacheWarning(SouffleWarning):
+    """A cache entry (ptxas figures, a cubin, a tuning database line) was unreadable; it is
+    recomputed or skipped, never trusted."""

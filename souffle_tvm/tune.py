@@ -147,10 +147,13 @@ def make_runner(target: tvm.target.Target, rpc_tracker: str | None, rpc_key: str
         if not (rpc_tracker and rpc_key):
             raise TuningError("--rpc-tracker and --rpc-key go together")
         host, port = parse_tracker(rpc_tracker)
-        check_tracker(host, port, rpc_key)
+        free = check_tracker(host, port, rpc_key)
+        # RPCRunner takes no timeout of its own: RPCConfig's session_timeout_sec bounds both
+        # reaching the tracker and each candidate's run (RPCRunnerFuture gives up after it).
+        # One connection per server free now (RPCRunner's default is one in all).
         return ms.runner.RPCRunner(ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc_key,
                                                        session_timeout_sec=int(timeout_s)),
-                                   evaluator_config=evaluator, timeout_sec=timeout_s)
+                                   evaluator_config=evaluator, max_workers=max(1, free))
     if is_cuda(target) and not cuda_available():
         raise TuningError("tuning for CUDA measures every candidate on a GPU: this machine has none "
                           f"(TVM CUDA runtime {'present' if tvm.runtime.enabled('cuda') else 'absent'}). "
@@ -205,14 +208,16 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
     """Tune each task for ``trials`` measured candidates into the JSON database in ``work_dir``.
 
     One MetaSchedule ``tune_tasks`` call per task, so progress is reported per task; the
-    XGBoost cost model and the database are shared by all of them.
+    XGBoost cost model and the database are shared by all of them. MetaSchedule writes into
+    a staged copy of the database; each task's records are merged into ``work_dir``
+    atomically when it ends (``codegen.database.staged``), so an interrupted run keeps the
+    tasks it finished and never leaves a cut line behind.
     """
     from tvm.s_tir import meta_schedule as ms
 
     os.makedirs(work_dir, exist_ok=True)
     target = tuning_target(target, level)
     db.register_tensor_intrinsics(target)      # before MetaSchedule imports every target's (30 s)
-    database = db.open_database(work_dir, create=True)
     per_iter = min(trials, 16)
     cost_model = ms.cost_model.XGBModel(num_warmup_samples=min(100, max(per_iter, trials // 2)),
                                         num_tuning_cores=max(os.cpu_count() or 1, 1))
@@ -220,35 +225,37 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     quiet = ms_logger.level == logging.NOTSET     # unless the caller set a level: logs to files only
     results = []
-    for i, task in enumerate(tasks, 1):
-        if quiet:    # MetaSchedule sizes its console handler from this level each time it configures logging
-            ms_logger.setLevel(logging.WARNING)
-        t0 = time.perf_counter()
-        log(f"[{i}/{len(tasks)}] {task.name} (called {task.calls}x): tuning {trials} trials ...")
-        ctx = ms.TuneContext(mod=task.func, target=target, space_generator="post-order-apply",
-                             search_strategy=ms.search_strategy.EvolutionarySearch(
-                                 population_size=max(32, 4 * per_iter), init_min_unmeasured=per_iter,
-                                 genetic_num_iters=2),
-                             task_name=task.name, rand_state=seed + i, num_threads=max(os.cpu_count() or 1, 1),
-                             logger=ms.logging.get_loggers_from_work_dir(work_dir, [task.name])[0]).clone()
-        error = None
-        try:
-            ms.tune.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
-                               num_trials_per_iter=per_iter, builder=builder, runner=runner, database=database,
-                               cost_model=cost_model, task_scheduler="round-robin")
-        except Exception as err:  # noqa: BLE001 - one stage MetaSchedule cannot handle must not stop the rest
-            # (seen: a ScheduleError in reverse-compute-at on a LayerNorm group; see docs/tuning.md)
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            error = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
-            if len(lines) > 1:
-                error += f" ... {lines[-1][:200]}"
-        measured, best = db.measured(database, task.func)
-        res = TaskResult(task.name, task.calls, measured, best, time.perf_counter() - t0, error)
-        results.append(res)
-        shown = f"best {best * 1e6:.2f} us" if best is not None else "no candidate ran"
-        if error:
-            shown += f"; MetaSchedule failed, the stage keeps the default rules ({error})"
-        log(f"[{i}/{len(tasks)}] {task.name}: {measured} trials measured, {shown} ({res.seconds:.1f} s)")
+    with db.staged(work_dir) as stage:
+        for i, task in enumerate(tasks, 1):
+            if quiet:    # MetaSchedule sizes its console handler from this level each time it configures logging
+                ms_logger.setLevel(logging.WARNING)
+            t0 = time.perf_counter()
+            log(f"[{i}/{len(tasks)}] {task.name} (called {task.calls}x): tuning {trials} trials ...")
+            ctx = ms.TuneContext(mod=task.func, target=target, space_generator="post-order-apply",
+                                 search_strategy=ms.search_strategy.EvolutionarySearch(
+                                     population_size=max(32, 4 * per_iter), init_min_unmeasured=per_iter,
+                                     genetic_num_iters=2),
+                                 task_name=task.name, rand_state=seed + i, num_threads=max(os.cpu_count() or 1, 1),
+                                 logger=ms.logging.get_loggers_from_work_dir(work_dir, [task.name])[0]).clone()
+            error = None
+            try:
+                ms.tune.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
+                                   num_trials_per_iter=per_iter, builder=builder, runner=runner,
+                                   database=stage.database, cost_model=cost_model, task_scheduler="round-robin")
+            except Exception as err:  # noqa: BLE001 - one stage MetaSchedule cannot handle must not stop the rest
+                # (seen: a ScheduleError in reverse-compute-at on a LayerNorm group; see docs/tuning.md)
+                lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+                error = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+                if len(lines) > 1:
+                    error += f" ... {lines[-1][:200]}"
+            stage.merge()
+            measured, best = db.measured(stage.database, task.func)
+            res = TaskResult(task.name, task.calls, measured, best, time.perf_counter() - t0, error)
+            results.append(res)
+            shown = f"best {best * 1e6:.2f} us" if best is not None else "no candidate ran"
+            if error:
+                shown += f"; MetaSchedule failed, the stage keeps the default rules ({error})"
+            log(f"[{i}/{len(tasks)}] {task.name}: {measured} trials measured, {shown} ({res.seconds:.1f} s)")
     return results
 
 

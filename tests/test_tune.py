@@ -20,7 +20,7 @@ from souffle_tvm.codegen import database
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.errors import SouffleError
 from souffle_tvm.core.targets import make_target
-from souffle_tvm.errors import TuningError
+from souffle_tvm.errors import CacheWarning, TuningError
 
 EXE = shutil.which("souffle-tvm", path=os.path.dirname(sys.executable)) or "souffle-tvm"
 TRIALS = 8
@@ -64,6 +64,29 @@ def test_compile_applies_the_database_and_matches_onnxruntime(tuned):
         assert c.ok(1e-5), c
     plain = compile_model("mmoe", "llvm", "souffle", small=True)
     assert plain.report.database is None and all(k.schedule is None for k in plain.report.kernels)
+
+
+def test_a_cut_database_line_is_skipped_with_a_note(tuned, tmp_path):
+    """What a tuning run killed mid-append by MetaSchedule used to leave: TVM's loader fails on
+    it; open_database skips it (and says so) and the whole records still apply."""
+    work, summary, _ = tuned
+    cut = str(tmp_path / "cut")
+    shutil.copytree(work, cut)
+    with open(os.path.join(cut, database.RECORDS), "a") as f:
+        f.write('[0,[[[["GetSBlock",[],["matmul')
+    with pytest.warns(CacheWarning, match="0 workload and 1 tuning record lines cannot be read"):
+        compiled = compile_model("mmoe", "llvm", "souffle", small=True, database=cut)
+    assert {k.primfunc for k in compiled.report.kernels if k.schedule == "database"} == {t.name for t in summary.tasks}
+    assert database.record_count(cut) == database.record_count(work)
+
+
+def test_tuning_writes_the_database_whole(tuned):
+    """Tuning merges each stage's records into the directory by renaming whole files (no
+    staging or temp file left there; every line reads back)."""
+    work, summary, _ = tuned
+    assert sorted(os.listdir(work)) == sorted([".lock", database.WORKLOADS, database.RECORDS, "logs"])
+    workloads, records, dropped = database.read_lines(work)
+    assert dropped == 0 and len(records) == summary.records and len(workloads) >= len(summary.tasks)
 
 
 def test_records_for_another_target_keep_the_default_rules_and_say_why(tuned):

@@ -4,6 +4,14 @@ Results and the cubin are cached on disk by (source, arch) so a kernel is never 
 (the GPU check ships the same cubins the figures come from). When nvcc
 is absent, ``measure`` returns ``None`` and callers report "no resource figures" instead of
 failing.
+
+The cache (``$SOUFFLE_TVM_CACHE/ptxas``, default ``~/.cache/souffle-tvm/ptxas``) holds
+``<key>.cubin`` and ``<key>.json`` per (source, arch). Each is written atomically
+(``core.files``), so compiles running at once, or one killed mid-way, never leave a partial
+entry: concurrent compiles of the same source may both run nvcc, and the last rename wins
+(the same bytes). An entry that is unusable anyway (JSON that does not parse, an empty or
+non-ELF cubin: a disk that filled up, an older version's non-atomic write) is recompiled
+with a one-line note (``CacheWarning``), never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.files import atomic_copy, atomic_write, is_elf, note_recomputed
 from ..errors import ToolchainError
 
 
@@ -68,7 +77,8 @@ def cache_key(source: str, arch: str) -> str:
 
 
 def _compile(source: str, arch: str, timeout: float) -> dict[str, KernelResources]:
-    """nvcc once: the cubin and the parsed ptxas figures both go to the cache."""
+    """nvcc once: the cubin, then the parsed ptxas figures, go to the cache, each atomically
+    (the figures last: they are what ``measure`` takes as the entry)."""
     key = cache_key(source, arch)
     with tempfile.TemporaryDirectory(prefix="souffle_nvcc_") as tmp:
         cu, out = Path(tmp) / "kernels.cu", Path(tmp) / "k.cubin"
@@ -78,10 +88,25 @@ def _compile(source: str, arch: str, timeout: float) -> dict[str, KernelResource
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise ToolchainError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{tail}")
-        shutil.move(str(out), cache_dir() / f"{key}.cubin")
+        if not is_elf(out):
+            raise ToolchainError(f"nvcc exited 0 for {arch} but wrote no cubin ({out})")
+        atomic_copy(out, cache_dir() / f"{key}.cubin")     # the temp dir may be on another file system
     result = parse_resource_usage(proc.stdout + proc.stderr)
-    (cache_dir() / f"{key}.json").write_text(json.dumps({k: asdict(v) for k, v in result.items()}))
+    atomic_write(cache_dir() / f"{key}.json", json.dumps({k: asdict(v) for k, v in result.items()}))
     return result
+
+
+def _read_figures(path: Path) -> dict[str, KernelResources] | None:
+    """A cached figures file, or None (with a note) when it cannot be read as one."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        return {k: KernelResources(**v) for k, v in data.items()}
+    except (OSError, ValueError, TypeError) as err:      # JSONDecodeError is a ValueError
+        why = "empty file" if path.exists() and path.stat().st_size == 0 else f"{type(err).__name__}: {err}"
+        note_recomputed(path, why[:160], "recompiling with nvcc")
+        return None
 
 
 def measure(source: str, arch: str, timeout: float = 600.0) -> dict[str, KernelResources] | None:
@@ -92,17 +117,20 @@ def measure(source: str, arch: str, timeout: float = 600.0) -> dict[str, KernelR
     if nvcc_path() is None:
         return None
     cached = cache_dir() / f"{cache_key(source, arch)}.json"
-    if cached.exists():
-        return {k: KernelResources(**v) for k, v in json.loads(cached.read_text()).items()}
+    if cached.exists() and (figures := _read_figures(cached)) is not None:
+        return figures
     return _compile(source, arch, timeout)
 
 
 def cubin(source: str, arch: str, timeout: float = 600.0) -> Path | None:
-    """The cubin ``measure`` compiled for ``source`` (compiled now if the cache has none);
-    ``None`` without nvcc."""
+    """The cubin ``measure`` compiled for ``source`` (compiled now if the cache has none, or
+    an empty or cut one); ``None`` without nvcc."""
     path = cache_dir() / f"{cache_key(source, arch)}.cubin"
-    if not path.exists():
-        if nvcc_path() is None:
-            return None
-        _compile(source, arch, timeout)
+    if is_elf(path):
+        return path
+    if nvcc_path() is None:
+        return None
+    if path.exists():
+        note_recomputed(path, "empty file" if path.stat().st_size == 0 else "not an ELF cubin", "recompiling with nvcc")
+    _compile(source, arch, timeout)
     return path

@@ -4,20 +4,40 @@
 found by the structural hash of its unscheduled PrimFunc, normalised exactly as MetaSchedule
 normalised it when tuning, and only records made for the same target (kind and CUDA arch)
 are applied: MetaSchedule's own ``query_schedule`` ignores the target.
+
+The files: ``database_workload.json`` (one ``[shash, module]`` line per workload) and
+``database_tuning_record.json`` (one ``[workload line index, record]`` line per measured
+candidate). MetaSchedule's ``JSONDatabase`` appends a line to them for every commit, in
+place, so a process killed mid-append leaves a cut line, and the next load fails inside TVM.
+So tuning never writes there directly: it tunes into a staged copy (``staged``: a temporary
+directory) and after each stage *merges* its new lines into ``DIR`` (under a lock, re-reading
+``DIR`` first so concurrent tunes add up) by writing both files anew and renaming each over
+the old one, workloads first (records only point back into workloads, which only grow): a
+reader sees a whole database, before or after a merge, never a part. Reading
+(``open_database``) checks every line; unreadable ones (a cut line from before this scheme,
+an index out of range) are skipped with a one-line note (``CacheWarning``), not handed to TVM.
+``open_database(DIR, create=True)`` still opens ``DIR`` itself: whoever commits through it
+appends in place, non-atomically (tests do, to plant hand-made records).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import types
+from collections.abc import Iterator
 
 import tvm
 from tvm import tirx
 
+from ..core.files import atomic_write, note_recomputed
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..errors import SouffleError
 from ..core.targets import is_cuda
@@ -50,7 +70,8 @@ def register_tensor_intrinsics(target: tvm.target.Target) -> None:
 
 
 def open_database(work_dir: str, create: bool = False):
-    """The JSON database in ``work_dir``; without ``create`` it must already hold records."""
+    """The JSON database in ``work_dir``; without ``create`` it must already hold records, and
+    lines that cannot be read are skipped with a note (the files are left as they are)."""
     from tvm.s_tir import meta_schedule as ms
 
     if not create and not os.path.exists(os.path.join(work_dir, RECORDS)):
@@ -58,16 +79,148 @@ def open_database(work_dir: str, create: bool = False):
                            "run `souffle-tvm tune MODEL --database DIR` first")
     if create:
         os.makedirs(work_dir, exist_ok=True)
-    return ms.database.JSONDatabase(work_dir=work_dir, allow_missing=create)
+        return ms.database.JSONDatabase(work_dir=work_dir, allow_missing=True)
+    workloads, records, dropped = read_lines(work_dir)
+    if not dropped:
+        return ms.database.JSONDatabase(work_dir=work_dir, allow_missing=False)
+    with tempfile.TemporaryDirectory(prefix="souffle_db_") as clean:   # JSONDatabase reads it all at once
+        _write_lines(clean, workloads, records)
+        return ms.database.JSONDatabase(work_dir=clean, allow_missing=False)
 
 
 def record_count(work_dir: str) -> int:
-    """Tuning records (one JSON line each) in ``work_dir``."""
-    path = os.path.join(work_dir, RECORDS)
+    """Tuning records (one JSON line each, readable ones) in ``work_dir``."""
+    return len(read_lines(work_dir, quiet=True)[1])
+
+
+# -- the files, line by line -------------------------------------------------------------------
+def _lines(path: str) -> list[str]:
     if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return sum(1 for line in f if line.strip())
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [ln.rstrip("\n") for ln in f if ln.strip()]
+
+
+def _workload_ok(line: str) -> bool:
+    try:
+        w = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) for x in w)
+
+
+def _record_index(line: str) -> int | None:
+    """The workload index a record line points at, or None when the line is not a record."""
+    try:
+        r = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and isinstance(r[1], list)
+    return r[0] if ok else None
+
+
+def _with_index(line: str, index: int) -> str:
+    # ``[<index>,<record>]``: the record's text is kept byte for byte (no float round trip)
+    return f"[{index}," + line[line.index(",") + 1:]
+
+
+def read_lines(work_dir: str, quiet: bool = False) -> tuple[list[str], list[str], int]:
+    """(workload lines, record lines re-pointed at them, how many lines were dropped): the
+    readable part of the database in ``work_dir``, with a note for what was dropped."""
+    raw_w, raw_r = _lines(os.path.join(work_dir, WORKLOADS)), _lines(os.path.join(work_dir, RECORDS))
+    workloads, where = [], {}
+    for i, line in enumerate(raw_w):
+        if _workload_ok(line):
+            where[i] = len(workloads)
+            workloads.append(line)
+    records = []
+    for line in raw_r:
+        index = _record_index(line)
+        if index in where:
+            records.append(_with_index(line, where[index]))
+    dropped = len(raw_w) - len(workloads) + len(raw_r) - len(records)
+    if dropped and not quiet:
+        note_recomputed(work_dir, f"{len(raw_w) - len(workloads)} workload and {len(raw_r) - len(records)} tuning "
+                        "record lines cannot be read (cut by a killed tuning run?)", "skipping them")
+    return workloads, records, dropped
+
+
+def _write_lines(work_dir: str, workloads: list[str], records: list[str]) -> None:
+    # workloads first: a reader between the two renames sees more workloads than records use
+    atomic_write(os.path.join(work_dir, WORKLOADS), "".join(f"{ln}\n" for ln in workloads))
+    atomic_write(os.path.join(work_dir, RECORDS), "".join(f"{ln}\n" for ln in records))
+
+
+@contextlib.contextmanager
+def _locked(work_dir: str) -> Iterator[None]:
+    """One merge into ``work_dir`` at a time (readers need no lock: every file is renamed in whole)."""
+    try:
+        import fcntl
+    except ImportError:              # not POSIX: merges are still atomic, concurrent ones may lose lines
+        yield
+        return
+    with open(os.path.join(work_dir, ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class Staging:
+    """A tuning run's own copy of the database (``staged``): MetaSchedule appends there;
+    ``merge`` moves what it added into the real directory atomically."""
+
+    def __init__(self, work_dir: str, stage_dir: str):
+        from tvm.s_tir import meta_schedule as ms
+
+        self.work_dir, self.stage_dir = work_dir, stage_dir
+        os.makedirs(work_dir, exist_ok=True)
+        workloads, records, _ = read_lines(work_dir)
+        _write_lines(stage_dir, workloads, records)
+        self.merged_workloads, self.merged_records = len(workloads), len(records)
+        self.database = ms.database.JSONDatabase(work_dir=stage_dir, allow_missing=False)
+
+    def merge(self) -> int:
+        """Add the staged lines not merged yet to the real database; returns how many records."""
+        staged_w = _lines(os.path.join(self.stage_dir, WORKLOADS))
+        staged_r = _lines(os.path.join(self.stage_dir, RECORDS))
+        new_w, new_r = staged_w[self.merged_workloads:], staged_r[self.merged_records:]
+        if not new_w and not new_r:
+            return 0
+        with _locked(self.work_dir):
+            workloads, records, _ = read_lines(self.work_dir, quiet=True)   # as it is now: others may have merged
+            index = {line: i for i, line in enumerate(workloads)}
+            def at(workload: str) -> int:
+                if workload not in index:
+                    index[workload] = len(workloads)
+                    workloads.append(workload)
+                return index[workload]
+
+            for line in new_w:
+                at(line)
+            records += [_with_index(line, at(staged_w[_record_index(line)])) for line in new_r]
+            _write_lines(self.work_dir, workloads, records)
+        self.merged_workloads, self.merged_records = len(staged_w), len(staged_r)
+        return len(new_r)
+
+
+@contextlib.contextmanager
+def staged(work_dir: str) -> Iterator[Staging]:
+    """Tune into a staged copy of ``work_dir``'s database; what was measured is merged on the
+    way out, also when the run is interrupted (the caller merges after each stage too)."""
+    stage_dir = tempfile.mkdtemp(prefix="souffle_tune_")
+    try:
+        stage = Staging(work_dir, stage_dir)
+        try:
+            yield stage
+        except BaseException:
+            with contextlib.suppress(Exception):
+                stage.merge()
+            raise
+        stage.merge()
+    finally:
+        shutil.rmtree(stage_dir, ignore_errors=True)
 
 
 def _workload_mod(func: tirx.PrimFunc) -> tvm.IRModule:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 
 from ..build import ptxas as resources
 from ..build.ptxas import cache_key as cubin_key
+from ..core.files import atomic_copy, is_elf, note_recomputed
 
 RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_extra.so")
 CUDA_RUNTIME_LIBS = ("libtvm_runtime_cuda.so",)
@@ -47,20 +47,30 @@ class CubinStore:
         return self.dir / f"{cubin_key(source, self.arch)}.cubin"
 
     def add(self, source: str) -> Path:
-        """Keep ``source``'s cubin here: the one the resource report compiled (the build machine's side)."""
+        """Keep ``source``'s cubin here: the one the resource report compiled (the build machine's
+        side). Copied atomically; an empty or cut one already here is replaced."""
         p = self.path(source)
-        if not p.exists():
+        if not self._usable(p):
             self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self._compiled(source), p)
+            atomic_copy(self._compiled(source), p)
         return p
 
     def __call__(self, source: str, *_target) -> bytes:
         p = self.path(source)
-        if p.exists():
+        if self._usable(p):
             self.hits += 1
             return p.read_bytes()
         self.misses += 1
         return self._compiled(source).read_bytes()
+
+    @staticmethod
+    def _usable(p: Path) -> bool:
+        if is_elf(p):
+            return True
+        if p.exists():
+            note_recomputed(p, "empty file" if p.stat().st_size == 0 else "not an ELF cubin",
+                            "using the ptxas cache or nvcc instead")
+        return False
 
     def _compiled(self, source: str) -> Path:
         path = resources.cubin(source, self.arch)
