@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+import zipfile
 import warnings
 
 import numpy as np
@@ -64,6 +65,36 @@ def _parse_shapes(text: str | None) -> dict | None:
             raise SouffleError(f"--input-shapes item {item!r} is not NAME:DIMxDIM...")
         shapes[name] = tuple(int(d) for d in dims.split("x"))
     return shapes
+
+
+def _writable(path: str | None, option: str) -> None:
+    """Before any work: the file an option names can be written (its folder exists and is
+    writable, and it is not a folder itself)."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SouffleError(f"{option} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise SouffleError(f"{option} {path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise SouffleError(f"{option} {path}: cannot be written here (permissions); choose another path")
+
+
+def _load_inputs(path: str | None) -> dict | None:
+    """The arrays of ``--inputs``: an .npz of named arrays (no pickled objects)."""
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise SouffleError(f"--inputs {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise ValueError("a single array, not an archive of named arrays")
+            return {k: data[k] for k in data.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        cut = f" (cut short? {str(err).splitlines()[0][:120]})" if isinstance(err, (EOFError, zipfile.BadZipFile)) else ""
+        raise SouffleError(f"--inputs {path}: not a readable .npz of named arrays (np.savez writes one){cut}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,6 +171,7 @@ def cmd_report(args) -> int:
     report = Report.load(args.report)
     print(report.table(args.rows))
     if args.html:
+        _writable(args.html, "--html")
         report_html.save(report, args.html)
         print(f"\nhtml: {args.html}")
     return EXIT_OK
@@ -201,6 +233,8 @@ def cmd_analyze(args) -> int:
     from .frontend.importer import import_onnx
     from .transforms import vertical
 
+    _writable(args.json, "--json")
+
     m = import_onnx(args.model, _parse_shapes(args.input_shapes), small=args.small, dtype=args.dtype,
                     bind=parse_bind(args.bind))
     prog = te_program.lower(m.mod, weight_values=m.params)
@@ -224,6 +258,8 @@ def cmd_analyze(args) -> int:
 def cmd_compile(args) -> int:
     from .pipeline.driver import compile as compile_model
 
+    _writable(args.report, "--report")
+    _writable(args.output, "-o")
     t = time.perf_counter()
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
@@ -235,7 +271,11 @@ def cmd_compile(args) -> int:
         compiled.report.save(args.report)
         print(f"report: {args.report}")
     if args.output:
-        compiled.export_library(args.output)
+        try:
+            compiled.export_library(args.output)
+        except Exception as err:  # noqa: BLE001 - TVM reports a failed link as a generic error
+            raise SouffleError(f"-o {args.output}: the library could not be written: "
+                               f"{str(err).strip().splitlines()[-1][:200]}") from None
         print(f"library: {args.output} (+ {args.output}.params.npz)")
     return EXIT_OK
 
@@ -264,7 +304,8 @@ def _load_library(path: str):
 def cmd_run(args) -> int:
     from .runtime import runner
 
-    feeds = dict(np.load(args.inputs)) if args.inputs else None
+    _writable(args.outputs, "--outputs")
+    feeds = _load_inputs(args.inputs)
     if args.model.endswith(".so"):
         if args.check:
             raise SouffleError("--check needs the ONNX model: run it on the .onnx file or the zoo name")
@@ -280,6 +321,13 @@ def cmd_run(args) -> int:
 
             shapes = {**shapes_from_arrays(load_model(args.model, args.small, args.dtype)[1], feeds),
                       **(shapes or {})}
+        else:
+            # seeded inputs of the shapes asked for must fit in memory: say so before compiling
+            from .frontend.binding import bind_inputs
+            from .frontend.importer import graph_inputs, load_model
+
+            onnx_model = bind_inputs(load_model(args.model, args.small, args.dtype)[1], parse_bind(args.bind))
+            runner.check_memory(graph_inputs(onnx_model, shapes))
         compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
                                  shapes=shapes, level=args.level, bind=parse_bind(args.bind))
         executable, params = compiled.executable, compiled.model.params

@@ -7,6 +7,7 @@ Weights stay out of the IR: they are detached as parameters, passed after the mo
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass, field
 
@@ -181,6 +182,30 @@ def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule,
     return mod, keep
 
 
+def _typed_outputs(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Graph outputs declared without a type or shape (onnxruntime runs such models; the strict
+    checker rejects them) get the ones shape inference gives, or a clear error."""
+    def untyped(vi) -> bool:
+        return not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape") \
+            or vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED
+
+    if not any(untyped(o) for o in model.graph.output):
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError) as err:
+        raise ModelLoadError(f"{name}: outputs declared without a shape, and shape inference failed: {err}") from None
+    missing = [o.name for o in inferred.graph.output if untyped(o)]
+    if missing:
+        raise ModelLoadError(f"{name}: output(s) {', '.join(map(repr, missing))} have no declared type or shape "
+                             "and shape inference cannot give one: declare them in the exported graph")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.output[:]
+    out.graph.output.extend(inferred.graph.output)
+    return out
+
+
 def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
                 dtype: str = "float32", fold: bool = True, bind: dict[str, object] | None = None) -> ImportedModel:
     """Load, validate and import an ONNX model into Relax with its weights detached.
@@ -193,6 +218,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     """
     name, model = load_model(source, small=small, dtype=dtype)
     model = binding.bind_inputs(model, bind or {})
+    model = _typed_outputs(name, model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as err:
@@ -205,15 +231,22 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    failure = None
     try:
         with _project_converters():
             mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
                             dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
     except SouffleError:
         raise
-    except Exception as err:  # TVM raises many types; name the failure, keep the cause chained
-        raise UnsupportedOperatorError(f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
-                                       f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}") from err
+    except Exception as err:  # TVM raises many types; name the failure
+        failure = (f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
+                   f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}")
+    if failure is not None:
+        # Raised outside the handler, so nothing keeps the failed import's frames alive: its
+        # half-built BlockBuilder goes now, and TVM's "destroyed with remaining blocks" warning
+        # comes before our message instead of after it.
+        gc.collect()
+        raise UnsupportedOperatorError(failure)
     mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
     outputs = [o.name for o in model.graph.output]
     return ImportedModel(name, mod, weights, inputs, outputs, model)

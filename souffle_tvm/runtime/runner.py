@@ -6,6 +6,9 @@ The reference is onnxruntime (a test-only dependency); where it is not installed
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -15,7 +18,41 @@ from ..frontend.importer import TensorInfo
 from .numerics import Comparison, compare, default_tolerance, random_inputs, reference_outputs
 
 __all__ = ["Comparison", "compare", "default_tolerance", "random_inputs", "reference_outputs",
-           "check_feeds", "run_vm"]
+           "check_feeds", "check_memory", "run_vm"]
+
+
+def available_memory() -> int:
+    """Bytes of memory this process could still allocate (Linux's MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_memory(infos: list[TensorInfo], available: int | None = None) -> None:
+    """Refuse, before anything is allocated, inputs that cannot fit in memory (a huge
+    --input-shapes): the seeded inputs are drawn in float64, then cast."""
+    sizes = {i.name: math.prod(i.shape) * np.dtype(i.dtype).itemsize for i in infos}
+    drawn = max((math.prod(i.shape) * 8 for i in infos), default=0)     # the float64 draw of the largest
+    need = sum(sizes.values()) + drawn
+    have = available_memory() if available is None else available
+    if need > have:
+        biggest = max(infos, key=lambda i: sizes[i.name])
+        raise SouffleError(f"inputs of these shapes need {_human(need)} ({biggest.name!r} "
+                           f"{'x'.join(map(str, biggest.shape))} {biggest.dtype} alone {_human(sizes[biggest.name])}); "
+                           f"this machine has {_human(have)} available: give smaller --input-shapes")
 
 
 def check_feeds(infos: list[TensorInfo], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
