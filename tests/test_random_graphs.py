@@ -1,26 +1,41 @@
-"""Property test: 200 random small graphs keep their numerics through the Souffle pipeline.
+"""Property test: random small graphs keep their numerics through both fusions.
 
 Graphs are chains and diamonds of MatMul (+bias), Reshape, Transpose, Softmax,
-LayerNormalization, ReduceSum/ReduceMean, element-wise ops and broadcasts, generated from a
-seed (reproducible: a failure names its seed). Each is compiled with ``--fusion souffle`` for
-llvm and compared with onnxruntime.
+LayerNormalization, inference BatchNormalization, ReduceSum/ReduceMean, Split (several
+outputs) joined again, Gather by an int64 model input, element-wise ops and broadcasts (a
+row, a column, and two branches of different shapes), generated from a seed (reproducible: a
+failure names its seed). Each is compiled with ``--fusion tvm`` and ``--fusion souffle`` for
+llvm (the Souffle path asserted taken, no fallback) and compared with onnxruntime; a sample is
+also stitched for CUDA at v3 and its kernels emulated on the CPU. The default suite runs
+``N_DEFAULT`` graphs, ``make test-all`` ``N_ALL``. A seed that ever failed stays in
+``REGRESSIONS`` with what it found.
 """
 
 import numpy as np
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from souffle_tvm.runtime import runner
+from souffle_tvm.core.targets import make_target
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.pipeline import results
 from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.pipeline.options import Options
+from souffle_tvm.runtime import emulate, runner
 
-N_GRAPHS = 200
-PER_TEST = 25
+N_DEFAULT = 100
+N_ALL = 520
+PER_TEST = 20
+EMULATED_DEFAULT, EMULATED_ALL = 8, 60
+# seed -> what it found when it failed (kept so it is always run)
+REGRESSIONS: dict[int, str] = {}
 
 
 class RandomGraph:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.inits, self.n = [], [], 0
+        self.ids = None          # ("ids", rows) once a Gather reads the int64 input
 
     def name(self, base):
         self.n += 1
@@ -40,7 +55,7 @@ class RandomGraph:
         """Apply one random op to (x, shape) -> (y, new shape)."""
         r = self.rng
         choice = r.choice(["matmul", "reshape", "transpose", "softmax", "layernorm", "reduce", "elementwise",
-                           "broadcast", "diamond"])
+                           "broadcast", "diamond", "batchnorm", "split", "gather", "column", "branches"])
         if choice == "matmul":
             n = int(r.choice([4, 8, 12]))
             w = self.const((r.standard_normal((shape[-1], n)) / np.sqrt(shape[-1])).astype(np.float32))
@@ -69,6 +84,31 @@ class RandomGraph:
         if choice == "broadcast":
             row = self.const(r.standard_normal(shape[-1]).astype(np.float32))
             return self.op(str(r.choice(["Add", "Mul"])), [x, row]), shape
+        if choice == "batchnorm":     # inference form, over the channel axis 1
+            c = shape[1]
+            scale = self.const((1 + 0.1 * r.standard_normal(c)).astype(np.float32))
+            bias = self.const((0.1 * r.standard_normal(c)).astype(np.float32))
+            mean = self.const((0.1 * r.standard_normal(c)).astype(np.float32))
+            var = self.const((0.5 + r.random(c)).astype(np.float32))
+            return self.op("BatchNormalization", [x, scale, bias, mean, var], epsilon=1e-5), shape
+        if choice == "split" and shape[-1] % 2 == 0:     # two outputs of one node, joined again
+            a, b = self.name("split"), self.name("split")
+            self.nodes.append(helper.make_node("Split", [x, self.const(np.array([shape[-1] // 2] * 2, np.int64))],
+                                               [a, b], axis=-1))
+            if r.random() < 0.5:
+                return self.op("Concat", [b, a], axis=-1), shape
+            return self.op(str(r.choice(["Add", "Mul"])), [a, b]), shape[:-1] + [shape[-1] // 2]
+        if choice == "gather" and shape[1] >= 2:        # rows picked by an int64 model input
+            if self.ids is None:
+                self.ids = ("ids", shape[1])
+            if self.ids[1] == shape[1]:
+                return self.op("Gather", [x, "ids"], axis=1), shape
+        if choice == "column" and len(shape) >= 2:       # broadcast along the last axis
+            col = self.const(r.standard_normal((shape[-2], 1)).astype(np.float32))
+            return self.op(str(r.choice(["Add", "Mul", "Sub"])), [x, col]), shape
+        if choice == "branches" and len(shape) >= 3:    # [.., 1, n] against [.., m, n]
+            red = self.op("ReduceMean", [x], axes=[-2], keepdims=1)
+            return self.op(str(r.choice(["Add", "Sub"])), [self.op("Tanh", [red]), x]), shape
         if choice == "diamond":
             a = self.op("Relu", [x])
             b = self.op("Sigmoid", [x])
@@ -81,18 +121,72 @@ class RandomGraph:
         x, cur = "x", list(shape)
         for _ in range(int(self.rng.integers(3, 9))):
             x, cur = self.step(x, cur)
-        graph = helper.make_graph(self.nodes, "random", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+        if self.ids is not None:
+            inputs.append(helper.make_tensor_value_info("ids", TensorProto.INT64, [self.ids[1]]))
+        graph = helper.make_graph(self.nodes, "random", inputs,
                                   [helper.make_tensor_value_info(x, TensorProto.FLOAT, cur)], self.inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("start", range(0, N_GRAPHS, PER_TEST))
-def test_random_graphs_match_onnxruntime(start):
+def _check(seed: int, fusion: str) -> None:
+    model = RandomGraph(seed).build()
+    c = compile_model(model, "llvm", fusion)
+    assert fusion == "tvm" or c.report.fallback is None, f"seed {seed}: fell back to TVM: {c.report.fallback}"
+    feeds = runner.random_inputs(c.model.inputs, seed)
+    outs = runner.run_vm(c.executable, c.model.params, runner.check_feeds(c.model.inputs, feeds))
+    _, ref = runner.reference_outputs(model, feeds)
+    for cmp in runner.compare(c.model.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, f"seed {seed} ({fusion}): {cmp} ops {[n.op_type for n in model.graph.node]}"
+
+
+def _emulated(seed: int) -> None:
+    """The graph stitched for CUDA at v3; the stitched kernels run in the GPU-semantics emulator."""
+    cuda = make_target("cuda")
+    m = import_onnx(RandomGraph(seed).build())
+    souffle = results.run(m.mod, cuda, m.params, Options(level="v3"))
+    feeds = runner.random_inputs(m.inputs, seed)
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, cuda), target=make_target("llvm"))
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for cmp in runner.compare(m.outputs, outs, ref):
+        assert cmp.finite and cmp.rel_l2 < 1e-5, f"seed {seed} (v3 emulated): {cmp}"
+
+
+def test_the_generator_covers_every_form():
+    ops = {n.op_type for seed in range(N_DEFAULT) for n in RandomGraph(seed).build().graph.node}
+    assert {"BatchNormalization", "Split", "Gather", "MatMul", "Softmax", "LayerNormalization"} <= ops
+    with_ids = sum(len(RandomGraph(seed).build().graph.input) == 2 for seed in range(N_DEFAULT))
+    assert with_ids >= 5
+
+
+@pytest.mark.parametrize("fusion", ["tvm", "souffle"])
+@pytest.mark.parametrize("start", range(0, N_DEFAULT, PER_TEST))
+def test_random_graphs_match_onnxruntime(start, fusion):
     for seed in range(start, start + PER_TEST):
-        model = RandomGraph(seed).build()
-        c = compile_model(model, "llvm", "souffle")
-        feeds = runner.random_inputs(c.model.inputs, seed)
-        outs = runner.run_vm(c.executable, c.model.params, runner.check_feeds(c.model.inputs, feeds))
-        _, ref = runner.reference_outputs(model, feeds)
-        for cmp in runner.compare(c.model.outputs, outs, ref):
-            assert cmp.finite and cmp.rel_l2 < 1e-5, f"seed {seed}: {cmp} ops {[n.op_type for n in model.graph.node]}"
+        _check(seed, fusion)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fusion", ["tvm", "souffle"])
+@pytest.mark.parametrize("start", range(N_DEFAULT, N_ALL, PER_TEST))
+def test_more_random_graphs_match_onnxruntime(start, fusion):
+    for seed in range(start, start + PER_TEST):
+        _check(seed, fusion)
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSIONS))
+def test_random_graphs_that_once_failed(seed):
+    for fusion in ("tvm", "souffle"):
+        _check(seed, fusion)
+
+
+def test_a_sample_of_random_graphs_stitched_and_emulated():
+    for seed in range(EMULATED_DEFAULT):
+        _emulated(seed)
+
+
+@pytest.mark.slow
+def test_more_random_graphs_stitched_and_emulated():
+    for seed in range(EMULATED_DEFAULT, EMULATED_ALL):
+        _emulated(seed)
