@@ -23,13 +23,25 @@ from ..errors import ScheduleError
 from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, TensorCoreMatmul
 
 
+class RuleNote(str):
+    """Why a rule was passed over, as "Rule: why" text (what reasons and reports print), with the
+    rule's ``rule_name`` as data (``.rule``) for whoever compares rules."""
+
+    rule: str
+
+    def __new__(cls, rule: str, text: str) -> "RuleNote":
+        note = super().__new__(cls, text)
+        note.rule = rule
+        return note
+
+
 @dataclass
 class Scheduled:
     func: tirx.PrimFunc
     rule: str          # the rule that applied (``rule_name``; "none" on llvm)
     # "Rule: why" for each rule passed over before ``rule`` applied: it raised, or its schedule
     # was refused (``undefined_buffers``)
-    notes: list[str] = field(default_factory=list)
+    notes: list[RuleNote] = field(default_factory=list)
     failures: int = 0  # how many of those rules raised an exception
 
 
@@ -95,7 +107,7 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
         attrs.update({"kind": "cuda", "max_num_threads": block_size, "max_threads_per_block": block_size})
         attrs.pop("keys", None)
         target = tvm.target.Target(attrs)
-    notes: list[str] = []
+    notes: list[RuleNote] = []
     failures = 0
     with target:
         for rule in default_rules(block_size, gemm_k_tile):
@@ -105,7 +117,8 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
                 sch = rule.apply(func, target, False)
             except Exception as err:  # noqa: BLE001 - dlight's rules assert on forms they do not handle
                 lines = str(err).strip().splitlines()
-                notes.append(f"{type(rule).__name__}: {type(err).__name__} {(lines[-1] if lines else '')[:120]}")
+                notes.append(RuleNote(rule_name(rule), f"{type(rule).__name__}: {type(err).__name__} "
+                                                       f"{(lines[-1] if lines else '')[:120]}"))
                 failures += 1
                 continue
             if sch is None:
@@ -118,8 +131,8 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
             if lost:
                 # TVM 0.27 bug (docs/tvm-workarounds.md): a fixed TVM refuses the inlining and
                 # dlight's rule then raises; do what that would do: the rule does not apply here.
-                notes.append(f"{name}: its schedule reads {', '.join(lost)}, which TVM's "
-                             f"reverse_compute_inline removed (an epilogue with several outputs)")
+                notes.append(RuleNote(name, f"{name}: its schedule reads {', '.join(lost)}, which TVM's "
+                                            f"reverse_compute_inline removed (an epilogue with several outputs)"))
                 continue
             return Scheduled(out, name, notes, failures)
     raise ScheduleError("no dlight rule schedules it: " + "; ".join(notes))

@@ -93,7 +93,7 @@ class ScheduleCache:
             return None
         if schedule.RANK[done.rule] < schedule.RANK[anchor_rule]:
             # why the anchor's rule did not take the fused group, when it said so
-            why = [n for n in done.notes if n.split(":")[0] in (anchor_rule, f"{anchor_rule}256")]
+            why = [n for n in done.notes if n.rule == anchor_rule]
             because = f" ({why[0]})" if why else ""
             return f"fused, dlight schedules it with {done.rule}{because}; the anchor alone gets {anchor_rule}"
         return None
