@@ -27,8 +27,16 @@ N_DEFAULT = 100
 N_ALL = 520
 PER_TEST = 20
 EMULATED_DEFAULT, EMULATED_ALL = 8, 60
-# seed -> what it found when it failed (kept so it is always run)
-REGRESSIONS: dict[int, str] = {}
+# seed -> (how it failed: "llvm" both fusions or "emulated" v3, what it found); always run
+_SPLIT_BN = "batch_norm/split legalize to an FFI array: opaque stages whose re-emission failed (KeyError)"
+_K1 = "a GEMM with K = 1: dlight inlined its bias into the reduction's init, adding it twice (TVM bug)"
+_RESHAPE = "emulator: Relax's reshape detection failed on an emulated function without a root block"
+REGRESSIONS: dict[int, tuple[str, str]] = {
+    **{s: ("llvm", _SPLIT_BN) for s in (40, 144, 153, 160, 219, 282, 287, 352, 365, 370, 376, 380, 382, 399,
+                                        410, 429, 443, 475, 482)},
+    **{s: ("emulated", _K1) for s in (18, 26, 50, 59)},
+    **{s: ("emulated", _RESHAPE) for s in (17, 38)},
+}
 
 
 class RandomGraph:
@@ -177,8 +185,12 @@ def test_more_random_graphs_match_onnxruntime(start, fusion):
 
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS))
 def test_random_graphs_that_once_failed(seed):
-    for fusion in ("tvm", "souffle"):
-        _check(seed, fusion)
+    how, _ = REGRESSIONS[seed]
+    if how == "emulated":
+        _emulated(seed)
+    else:
+        for fusion in ("tvm", "souffle"):
+            _check(seed, fusion)
 
 
 def test_a_sample_of_random_graphs_stitched_and_emulated():

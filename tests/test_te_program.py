@@ -94,3 +94,19 @@ def test_extern_op_becomes_opaque_not_a_crash():
     assert len(prog.opaque) == 1 and "cumsum" in prog.opaque[0].reason
     a = analysis.analyze(prog)
     assert a.counts()["opaque"] == 1
+
+
+def test_multi_output_ops_lower_to_stages_not_opaque_calls():
+    """batch_norm and split legalize to an FFI array of tensors: each field is an ordinary stage
+    (the fuzzer found them opaque, and their re-emission failing)."""
+    c = np.ones(6, np.float32)
+    inits = [numpy_helper.from_array(c * v, n) for v, n in ((1, "s"), (0, "b"), (0, "m"), (1, "v"))]
+    inits.append(numpy_helper.from_array(np.array([8, 8], np.int64), "parts"))
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Split", ["bn", "parts"], ["p", "q"], axis=-1),
+             helper.make_node("Add", ["p", "q"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], inits)
+    m = import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    prog = te_program.lower(m.mod, weight_values=m.params)
+    assert not prog.opaque, [o.reason for o in prog.opaque]

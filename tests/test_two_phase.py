@@ -13,6 +13,7 @@ from souffle_tvm.runtime import emulate
 from souffle_tvm.frontend import importer as frontend
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
+from souffle_tvm.pipeline.policies import gemm_is_tiled
 from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.te import program as te_program
@@ -44,15 +45,25 @@ def _program(model):
 @pytest.mark.parametrize("kind,forms", [("softmax", {"T_softmax_maxelem": "max", "T_softmax_expsum": "sum-exp"}),
                                         ("layernorm", {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"})])
 def test_reductions_after_a_gemm_are_split(kind, forms):
-    res = two_phase(_program(gemm_then(kind)))
+    res = two_phase(_program(gemm_then(kind)), gemm_is_tiled)
     assert res.split == forms
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
     assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
 
 
 def test_rows_that_do_not_tile_are_kept_with_the_reason():
-    res = two_phase(_program(gemm_then("layernorm", rows=96)))
+    res = two_phase(_program(gemm_then("layernorm", rows=96)), gemm_is_tiled)
     assert not res.split and all("does not tile by 64" in why for why in res.kept.values())
+
+
+def test_the_transform_decides_from_the_predicate_it_is_handed():
+    """two_phase is pure: whether a GEMM's tiles can be shared is the caller's answer."""
+    prog = _program(gemm_then("softmax"))
+    asked = []
+    res = two_phase(prog, lambda gemm: asked.append(gemm.op.name) or False)
+    assert asked and not res.split
+    assert all("not scheduled in the tiles" in why for why in res.kept.values())
+    assert two_phase(prog, lambda gemm: True).split
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
@@ -65,6 +66,27 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None) -> lis
 def rule_name(rule: dl.ScheduleRule) -> str:
     """The name ``Scheduled.rule`` and ``RANK`` use: the class name, ``Matmul256`` as "Matmul"."""
     return type(rule).__name__.replace("Matmul256", "Matmul")
+
+
+def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:
+    """Names of the reduction blocks whose init reads a buffer: an epilogue inlined into the
+    reduction, which then applies it twice (once in the init, once per update).
+
+    A correct schedule has none (an init writes the reducer's identity). TVM 0.27's
+    ``reverse_compute_inline`` does this to a reduction whose reduce axis has extent 1 (a GEMM
+    with K = 1: dlight's rules inline ``+ bias`` into both; docs/tvm-workarounds.md)."""
+    bad: list[str] = []
+
+    def block(b):
+        if b.init is None:
+            return
+        loads: list = []
+        tvm_ffi.structural_walk(b.init, (tvm.ir.TensorLoad, lambda ld: loads.append(ld)))
+        if loads:
+            bad.append(str(b.name_hint))
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, block))
+    return bad
 
 
 def undefined_buffers(func: tirx.PrimFunc) -> list[str]:
@@ -133,6 +155,12 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
                 # dlight's rule then raises; do what that would do: the rule does not apply here.
                 notes.append(RuleNote(name, f"{name}: its schedule reads {', '.join(lost)}, which TVM's "
                                             f"reverse_compute_inline removed (an epilogue with several outputs)"))
+                continue
+            twice = epilogue_in_init(out)
+            if twice:
+                # TVM 0.27 bug (docs/tvm-workarounds.md): the epilogue would be applied twice
+                notes.append(RuleNote(name, f"{name}: its schedule inlines an epilogue into the init of "
+                                            f"{', '.join(twice)} (a reduction of extent 1), applying it twice"))
                 continue
             return Scheduled(out, name, notes, failures)
     raise ScheduleError("no dlight rule schedules it: " + "; ".join(notes))

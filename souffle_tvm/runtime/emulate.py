@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from ..errors import EmulationError
 from ..te.rewrite import cast_like, dtype_of, uses
@@ -398,7 +398,10 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
     attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
     attrs.update({"global_symbol": name, "tirx.noalias": True})
-    return tirx.PrimFunc(low.params, _seq(body), attrs=tvm.ir.DictAttrs(attrs))
+    # Under a root block, as TVM's passes expect of a function not yet lowered (Relax's reshape
+    # detection reads the root block of every function it is shown, and fails without one).
+    root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", _seq(body)))
+    return tirx.PrimFunc(low.params, root, attrs=tvm.ir.DictAttrs(attrs))
 
 
 def emulate_module(mod: tvm.IRModule, target: tvm.target.Target, reverse: bool = False) -> tvm.IRModule:

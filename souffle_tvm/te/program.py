@@ -228,6 +228,10 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
                 result = legalize(relax.BlockBuilder(), value)
             except Exception as err:  # noqa: BLE001 - any failure makes the op opaque, with the reason
                 result, reason = None, f"{value.op.name}: legalization failed: {str(err).strip().splitlines()[-1][:160]}"
+            if isinstance(result, tvm_ffi.Array):
+                # a multi-output op (batch_norm, split) legalizes to an FFI array of tensors: its
+                # fields are stages like any other, each read through the TupleGetItem that uses it
+                result = list(result)
             if result is not None and _is_te_result(result):
                 hand_written = _non_compute_op(result, prog)
                 if hand_written is not None:
