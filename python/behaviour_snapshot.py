@@ -65,11 +65,11 @@ def _diff(a, b, path: str = "") -> list[str]:
 def compare(before: str, after: str) -> int:
     load = lambda p: {r["case"]: r for r in map(json.loads, open(p))}   # noqa: E731
     a, b = load(before), load(after)
-    bad = 0
+    bad = missing = 0
     for case in sorted(set(a) | set(b)):
         if case not in a or case not in b:
             print(f"{case}: only in {'after' if case not in a else 'before'}")
-            bad += 1
+            missing += 1
             continue
         diffs = _diff(a[case], b[case])
         print(f"{case}: {'identical' if not diffs else f'{len(diffs)} difference(s)'}")
@@ -78,8 +78,9 @@ def compare(before: str, after: str) -> int:
         bad += bool(diffs)
     if ADDED:
         print(f"fields only in after (new, not compared): {', '.join(sorted(ADDED))}")
-    print(f"{len(set(a) & set(b)) - bad} of {len(set(a) | set(b))} cases identical")
-    return 1 if bad else 0
+    print(f"{len(set(a) & set(b)) - bad} of {len(set(a) & set(b))} cases in both identical"
+          + (f"; {missing} in one only" if missing else ""))
+    return 1 if bad or missing else 0
 
 
 def main(argv=None) -> int:
