@@ -17,6 +17,7 @@ models at v2 and v3 (about 15 minutes on 2 cores with a warm ptxas cache).
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import sys
@@ -63,7 +64,10 @@ def _diff(a, b, path: str = "") -> list[str]:
 
 
 def compare(before: str, after: str) -> int:
-    load = lambda p: {r["case"]: r for r in map(json.loads, open(p))}   # noqa: E731
+    def load(path: str) -> dict:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            return {r["case"]: r for r in map(json.loads, f)}
+
     a, b = load(before), load(after)
     bad = missing = 0
     for case in sorted(set(a) | set(b)):
