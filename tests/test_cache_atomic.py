@@ -100,6 +100,7 @@ def test_cut_figures_and_empty_cubin_are_recompiled_with_a_note(tmp_path, monkey
 
 
 @needs_nvcc
+@pytest.mark.slow    # ~20 s of CLI compiles; a regression guard (the race window is narrow: it passes on 2e78b69 too)
 def test_two_compiles_at_once_leave_a_cache_a_third_uses_as_is(tmp_path):
     cache = tmp_path / "cache"
     t = time.perf_counter()
@@ -117,6 +118,7 @@ def test_two_compiles_at_once_leave_a_cache_a_third_uses_as_is(tmp_path):
 
 
 @needs_nvcc
+@pytest.mark.slow    # a regression guard like the one above
 def test_compile_killed_half_way_leaves_nothing_a_later_compile_trips_on(tmp_path):
     cache, tmp = tmp_path / "cache", tmp_path / "tmp"
     tmp.mkdir()

@@ -23,7 +23,7 @@ from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import emulate, runner
 
-N_DEFAULT = 100
+N_DEFAULT = 60
 N_ALL = 520
 PER_TEST = 20
 EMULATED_DEFAULT, EMULATED_ALL = 8, 60
