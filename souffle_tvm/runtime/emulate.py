@@ -147,6 +147,8 @@ class _Block:
         if isinstance(stmt, tirx.AttrStmt):
             if stmt.attr_key == "reduce_scope":
                 return self._allreduce(stmt)
+            if stmt.attr_key.startswith("pragma_"):     # unroll hints: llvm unrolls what pays
+                return self.run(stmt.body)
             if stmt.attr_key in ("thread_extent", "virtual_thread"):
                 raise EmulationError("a launch attribute inside a kernel body")
             return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
