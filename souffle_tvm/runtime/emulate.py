@@ -17,10 +17,12 @@ what the GPU would do and drops what makes it parallel:
   threads in thread order;
 * every output and every shared/local buffer is filled with NaN before it is written.
 
-What it cannot catch: warp-level timing (it never runs two threads at once), memory-model
-races that a real GPU would expose (a read of another thread's global write inside one
-phase sees it here, as if fenced), and intra-block barrier placement (TVM's ThreadSync pass
-is trusted). docs/emulator.md says the same with examples.
+What its numerics cannot catch: warp-level timing (it never runs two threads at once),
+memory-model races that a real GPU would expose (a read of another thread's global write
+inside one phase sees it here, as if fenced), and intra-block barrier placement (lock step
+needs none). The race checker (``runtime.races``, through the ``probe`` hooks below) sees
+those conflicts in the accesses themselves, in any block and thread order.
+docs/emulator.md says the same with examples.
 """
 
 from __future__ import annotations
