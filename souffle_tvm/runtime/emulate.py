@@ -414,12 +414,12 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             body.append(_launch(item, reverse, probe))
         else:
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
+    if probe is not None:
+        body = probe.wrap(body)
     attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
     attrs.update({"global_symbol": name, "tirx.noalias": True})
     # Under a root block, as TVM's passes expect of a function not yet lowered (Relax's reshape
     # detection reads the root block of every function it is shown, and fails without one).
-    if probe is not None:
-        body = probe.wrap(body)
     root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", _seq(body)))
     return tirx.PrimFunc(low.params, root, attrs=tvm.ir.DictAttrs(attrs))
 

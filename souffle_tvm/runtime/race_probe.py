@@ -12,11 +12,13 @@ kernel for the CPU. Nothing here reads how the stitcher placed its barriers or w
   the same three for threads (reset each block-barrier interval); every shared buffer has the
   thread words. A word is ``stamp * 2**32 + who + 1`` (``MANY`` in the low half: several
   readers or atomic updaters); a word whose stamp is not the current phase (blocks) or barrier
-  interval (threads: a counter bumped at each block start and each barrier) is empty, so
-  nothing is cleared between phases, blocks or intervals.
+  interval (threads: a counter bumped at each block start, each barrier and each cross-thread
+  reduction over more than a warp) is empty, so nothing is cleared between phases, blocks or
+  intervals.
 * **Checks.** Before each access of a block (thread): a read conflicts with another's write or
   atomic update, a write with another's read, write or atomic update, an atomic update with
-  another's read or write; atomic updates among themselves never conflict. Each finding is
+  another's read or write; atomic updates among themselves never conflict, and a write of the
+  value another's write left there is counted apart (benign). Each finding is
   logged (``LOG_COLUMNS``) into a per-call log that the kernel hands to Python at its end
   (``souffle_tvm.races.report``); the count goes on past the log's capacity. A conflict is
   found whichever of its two accesses runs first, so the verdict does not depend on the
@@ -45,7 +47,7 @@ KINDS = {1: "read after write", 2: "write after read", 3: "write after write", 4
 _READ, _WRITE, _ATOMIC = "read", "write", "atomic"
 _RAW, _WAR, _WAW, _ATOM = 1, 2, 3, 4
 _ATOMIC_ADD = "tirx.cuda.atomic_add"          # CUDA's atomicAdd(&buf[i], v)
-_MARK = "__souffle_race_atomic"               # an atomic update, until the checks are in place
+_MARK = "__souffle_race_atomic"               # marks an atomic update until the checks are in place
 _I64, _SHIFT, MANY, _WARP = "int64", 2 ** 32, 2 ** 32 - 1, 32
 _BUFFERS = 2 ** 16                            # tracked buffers per kernel, at most
 
@@ -143,7 +145,8 @@ class Probe:
                 raise EmulationError(f"{self.name}: an atomic add the race checker cannot read")
             target_ = call.args[0].args[0]
             atomic.append(target_.source)
-            value = tirx.call_pure_extern(dtype_of(target_), _MARK, target_ + call.args[1])
+            # buf[i] = MARK(v) until the checks are in; then buf[i] = buf[i] + v (see _instrument)
+            value = tirx.call_pure_extern(dtype_of(target_), _MARK, call.args[1])
             return tirx.BufferStore(target_.source, value, list(target_.indices))
         body = tvm_ffi.structural_map(low.body, (tirx.Evaluate, mark))
         written = []
@@ -229,13 +232,11 @@ class Probe:
 
         def store(s):
             value, mode = s.value, _WRITE
-            if _is_mark(value):
+            if _is_mark(value):      # atomicAdd: its own load of the target is part of the update
                 value, mode = value.args[1], _ATOMIC
-            if mode == _ATOMIC:      # the update's own load of its target is part of the atomic
-                reads = [value.b] + list(s.indices)
-            else:
-                reads = [value] + list(s.indices)
-            checks = [c for e in reads for c in self._reads(e, t)]
+            checks = [c for e in [value] + list(s.indices) for c in self._reads(e, t)]
+            if mode == _ATOMIC:
+                value = tirx.BufferLoad(s.buffer, list(s.indices)) + value
             same = None
             if s.buffer in self.tracked and mode == _WRITE:     # the value, to tell a same-value rewrite
                 v = tirx.Var("v", dtype_of(value))
