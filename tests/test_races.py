@@ -289,3 +289,18 @@ def test_atomic_sums_read_before_a_grid_sync():
     race, numerics, kinds = _detected(m, s, _with_kernel(s, k.function, broken))
     assert (_static(broken, k.grid), race, numerics) == (True, True, True)
     assert ("blocks", ATOM) in kinds
+
+
+def test_tensor_core_stitched_kernel_has_no_race():
+    """The fp16 MLP stitched on tensor cores: wmma loads and stores (lane 0's accesses for its
+    warp) through shared tiles, with ThreadSync's barriers, race with nothing."""
+    from test_tensorcore import _mlp
+
+    m = frontend.import_onnx(_mlp(), dtype="float16")
+    s = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    assert s.stitched
+    feeds = runner.random_inputs(m.inputs, 0)
+    emu = races.Emulation(s.mod, CUDA)
+    for order in ("ascending", "shuffle:2"):
+        _, report = emu.run(runner.check_feeds(m.inputs, feeds), s.params, order)
+        assert report.ok and not report.benign, str(report)
