@@ -158,6 +158,20 @@ def test_a_module_with_main_needs_its_inputs():
         races.check(s.mod, CUDA)
 
 
+def test_the_checker_does_not_import_the_proof():
+    """Independence: neither module of the race checker imports stitch.dependence or stitch.check."""
+    import ast
+    import inspect
+
+    from souffle_tvm.runtime import race_probe
+
+    for module in (races, race_probe):
+        tree = ast.parse(inspect.getsource(module))
+        names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(x.split(".")[-1] in ("dependence", "check") for x in names if x), (module.__name__, names)
+
+
 # -- faults planted in stitched kernels: who catches them ----------------------------------------
 @pytest.fixture(scope="module")
 def bert(v3_builds):
