@@ -23,6 +23,26 @@ def llvm_builds():
     return get
 
 
+@pytest.fixture(scope="session")
+def v3_builds():
+    """Small zoo models through the v3 pipeline for CUDA, once per session:
+    name -> (ImportedModel, SouffleModule) (what the emulator tests run)."""
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.pipeline.options import Options
+
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            m = import_onnx(name, small=True, dtype="float32")
+            cache[name] = (m, results.run(m.mod, make_target("cuda"), m.params, Options(level="v3")))
+        return cache[name]
+
+    return get
+
+
 def run_and_compare(compiled, seed: int = 0):
     feeds = runner.random_inputs(compiled.model.inputs, seed)
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))

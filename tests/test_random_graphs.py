@@ -6,14 +6,14 @@ outputs) joined again, Gather by an int64 model input, element-wise ops and broa
 row, a column, and two branches of different shapes), generated from a seed (reproducible: a
 failure names its seed). Each is compiled with ``--fusion tvm`` and ``--fusion souffle`` for
 llvm (the Souffle path asserted taken, no fallback) and compared with onnxruntime; a sample is
-also stitched for CUDA at v3 and its kernels emulated on the CPU. The default suite runs
+also stitched for CUDA at v3 and its kernels emulated on the CPU, with the race checker, in
+two block orders. The default suite runs
 ``N_DEFAULT`` graphs, ``make test-all`` ``N_ALL``. A seed that ever failed stays in
 ``REGRESSIONS`` with what it found.
 """
 
 import numpy as np
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from souffle_tvm.core.targets import make_target
@@ -21,7 +21,7 @@ from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.pipeline import results
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.runtime import emulate, runner
+from souffle_tvm.runtime import races, runner
 
 N_DEFAULT = 60
 N_ALL = 520
@@ -149,16 +149,19 @@ def _check(seed: int, fusion: str) -> None:
 
 
 def _emulated(seed: int) -> None:
-    """The graph stitched for CUDA at v3; the stitched kernels run in the GPU-semantics emulator."""
+    """The graph stitched for CUDA at v3; the kernels run in the GPU-semantics emulator with the
+    race checker, blocks and threads ascending and descending: no race, the reference's values."""
     cuda = make_target("cuda")
     m = import_onnx(RandomGraph(seed).build())
     souffle = results.run(m.mod, cuda, m.params, Options(level="v3"))
     feeds = runner.random_inputs(m.inputs, seed)
-    ex = tvm.compile(emulate.emulate_module(souffle.mod, cuda), target=make_target("llvm"))
-    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    emu = races.Emulation(souffle.mod, cuda)
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for cmp in runner.compare(m.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-5, f"seed {seed} (v3 emulated): {cmp}"
+    for order in ("ascending", "descending"):
+        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), souffle.params, order)
+        assert report.ok, f"seed {seed} (v3 emulated): {report}"
+        for cmp in runner.compare(m.outputs, outs, ref):
+            assert cmp.finite and cmp.rel_l2 < 1e-5, f"seed {seed} (v3 emulated, {order}): {cmp}"
 
 
 def test_the_generator_covers_every_form():

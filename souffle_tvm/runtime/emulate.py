@@ -17,10 +17,12 @@ what the GPU would do and drops what makes it parallel:
   threads in thread order;
 * every output and every shared/local buffer is filled with NaN before it is written.
 
-What it cannot catch: warp-level timing (it never runs two threads at once), memory-model
-races that a real GPU would expose (a read of another thread's global write inside one
-phase sees it here, as if fenced), and intra-block barrier placement (TVM's ThreadSync pass
-is trusted). docs/emulator.md says the same with examples.
+What its numerics cannot catch: warp-level timing (it never runs two threads at once),
+memory-model races that a real GPU would expose (a read of another thread's global write
+inside one phase sees it here, as if fenced), and intra-block barrier placement (lock step
+needs none). The race checker (``runtime.races``, through the ``probe`` hooks below) sees
+those conflicts in the accesses themselves, in any block and thread order.
+docs/emulator.md says the same with examples.
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
 class _Block:
     """Lock-step emulation of one thread block's statements."""
 
-    def __init__(self, thread_vars: dict, n_threads: int):
+    def __init__(self, thread_vars: dict, n_threads: int, probe=None):
         self.thread_vars = thread_vars          # Var -> (stride, extent) in the flat thread index
         self.n = n_threads
+        self.probe = probe                      # the race checker's instrumentation (runtime.race_probe)
         self.locals: dict = {}                  # original local buffer -> per-thread array
         self.shared: dict = {}                  # original shared buffer -> per-block buffer
         self.frags: dict = {}                   # original wmma.* buffer -> per-warp tiles
@@ -130,7 +133,10 @@ class _Block:
 
     def for_all_threads(self, stmt) -> tirx.Stmt:
         t = tirx.Var("t", _I64)
-        return tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, _serial(self.per_thread(stmt, t)))
+        body = _serial(self.per_thread(stmt, t))
+        if self.probe is not None:              # threads in the run's order, every access checked
+            return self.probe.threads(t, self.n, body)
+        return tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)
 
     # -- lock step -----------------------------------------------------------------------------
     def run(self, stmt) -> tirx.Stmt:
@@ -146,14 +152,16 @@ class _Block:
                                    self.run(stmt.else_case) if stmt.else_case is not None else None)
         if isinstance(stmt, tirx.AttrStmt):
             if stmt.attr_key == "reduce_scope":
-                return self._allreduce(stmt)
+                red = self._allreduce(stmt)
+                return red if self.probe is None else _seq([red, self.probe.after_allreduce(stmt, self.thread_vars)])
             if stmt.attr_key.startswith("pragma_"):     # unroll hints: llvm unrolls what pays
                 return self.run(stmt.body)
             if stmt.attr_key in ("thread_extent", "virtual_thread"):
                 raise EmulationError("a launch attribute inside a kernel body")
             return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self.run(stmt.body))
         if isinstance(stmt, tirx.Evaluate) and op_name(stmt.value) == "tirx.tvm_storage_sync":
-            return tirx.Evaluate(_i64(0))       # lock step is already synchronised
+            # lock step is already synchronised; the race checker starts a new barrier interval
+            return tirx.Evaluate(_i64(0)) if self.probe is None else self.probe.barrier()
         if is_grid_sync(stmt):
             raise EmulationError("a grid sync inside a stage loop (only between stages is modelled)")
         if calls_to(stmt, BARRIERS):
@@ -181,6 +189,8 @@ class _Block:
         elif scope.startswith("shared"):
             new = tirx.decl_buffer(list(ty.shape), ty.dtype, f"{buf.name}_block", scope="global")
             self.shared[buf] = new
+            if self.probe is not None:
+                self.probe.shared(new)
             fill = _poison(new)
         else:
             return tirx.AllocBuffer(buf)
@@ -319,7 +329,7 @@ def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
     return blocks, threads, node
 
 
-def _launch(region, reverse: bool = False) -> tirx.Stmt:
+def _launch(region, reverse: bool = False, probe=None) -> tirx.Stmt:
     """One ``__global__``: its phases in order, each over every block (last block first when
     ``reverse``: a read of an *earlier* block's result without a grid sync then reads poison)."""
     blocks, threads, body = _peel(region)
@@ -340,6 +350,9 @@ def _launch(region, reverse: bool = False) -> tirx.Stmt:
     phases.append(cur)
     out = []
     for phase in phases:
+        if probe is not None:                   # blocks in the run's order (a table filled at run time)
+            out.append(probe.phase(blocks, lambda: _Block(thread_vars, n_threads, probe).run(_seq(phase))))
+            continue
         emu = _Block(thread_vars, n_threads).run(_seq(phase))
         # fresh block loop variables per phase: one definition each
         fresh = {var: tirx.Var(var.name, dtype_of(var)) for var, _ in blocks.values()}
@@ -377,10 +390,13 @@ def _atomics_in_order(node):
 
 
 def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel",
-                     reverse: bool = False) -> tirx.PrimFunc:
+                     reverse: bool = False, probe=None) -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
-    ``reverse`` runs each phase's blocks last to first."""
+    ``reverse`` runs each phase's blocks last to first. ``probe`` (``race_probe.Probe``, used by
+    ``runtime.races``) adds the race checker: orders chosen at run time, every access checked."""
     low = launch_form(unroll(strip_prefetch(func), fresh=True), target, name)
+    if probe is not None:
+        low = probe.prepare(low, target)
     low = tirx.PrimFunc(low.params, _atomics_in_order(low.body), attrs=low.attrs)
     top = list(low.body.seq) if isinstance(low.body, tirx.SeqStmt) else [low.body]
     body = []
@@ -395,9 +411,11 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             if fill is not None:
                 body.append(fill)
         elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
-            body.append(_launch(item, reverse))
+            body.append(_launch(item, reverse, probe))
         else:
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
+    if probe is not None:
+        body = probe.wrap(body)
     attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
     attrs.update({"global_symbol": name, "tirx.noalias": True})
     # Under a root block, as TVM's passes expect of a function not yet lowered (Relax's reshape
