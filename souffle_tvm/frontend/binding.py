@@ -13,11 +13,8 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ModelLoadError
+from .onnx_graph import NP_DTYPES
 
-_NP_OF_ONNX = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-               onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
-               onnx.TensorProto.INT32: np.int32, onnx.TensorProto.BOOL: np.bool_,
-               onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8}
 
 
 def parse_bind(items: list[str] | None) -> dict[str, object]:
@@ -65,7 +62,7 @@ def bind_inputs(model: onnx.ModelProto, values: dict[str, object]) -> onnx.Model
             keep.append(vi)
             continue
         tt = vi.type.tensor_type
-        np_type = _NP_OF_ONNX.get(tt.elem_type)
+        np_type = NP_DTYPES.get(tt.elem_type)
         if np_type is None:
             raise ModelLoadError(f"--bind {vi.name!r}: inputs of element type "
                                  f"{onnx.TensorProto.DataType.Name(tt.elem_type)} cannot be bound")

@@ -20,14 +20,9 @@ from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
 from . import binding, onnx_control, onnx_fold, onnx_rnn
+from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
-_NP_DTYPES = {
-    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool",
-    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
-}
 
 
 @dataclass(frozen=True)
@@ -95,7 +90,7 @@ def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dtype = _NP_DTYPES.get(tt.elem_type)
+        dtype = NP_DTYPES.get(tt.elem_type)
         if dtype is None:
             raise UnsupportedOperatorError(f"input {vi.name!r} has unsupported element type "
                                            f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")

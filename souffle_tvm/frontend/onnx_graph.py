@@ -48,3 +48,12 @@ def dynamic_sources(graph: onnx.GraphProto, tensor: str) -> list[str]:
         elif name in producers:
             stack.extend(producers[name].input)
     return sorted(found)
+
+
+# ONNX element types a model input may have, as numpy dtype names
+NP_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
+}
