@@ -206,7 +206,10 @@ class StitchSubprograms:
         gpu = hardware.for_arch(str(target.attrs["arch"]))
         grids = self.feedback.grids
         estimated = grids is None and self.feedback.estimated_grids
-        facts = policies.group_facts(calls, target, sizes=self.partitioner == "budget" or estimated)
+        sizes = self.partitioner == "budget" or estimated
+        facts = info.get("group_facts")     # the same groups stitched again (ptxas feedback): asked once
+        if facts is None or (sizes and not facts.statements):
+            facts = policies.group_facts(calls, target, sizes=sizes)
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         else:
@@ -222,7 +225,7 @@ class StitchSubprograms:
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,
-                                                    "subprograms": subs}))
+                                                    "subprograms": subs, "group_facts": facts}))
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.PlantPrefetch")

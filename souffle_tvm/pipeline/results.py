@@ -43,6 +43,7 @@ class SouffleModule:
     # per non-opaque group: (rules passed over as "Rule: why", how many of them raised)
     schedule_notes: list = field(default_factory=list)
     rule_failures: int = 0     # schedule rules that raised, candidate groups included
+    group_facts: object = None  # what the subprogram partitioner was told of each group (kept for restitch)
 
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Options | None = None,
@@ -66,12 +67,13 @@ def _collect(out: tvm.IRModule, options: Options, feedback: Feedback) -> Souffle
                          info.get("horizontal"), info.get("two_phase"), list(info.get("stitched", [])),
                          [(list(idx), why) for idx, why in info.get("subprograms", [])], info.get("unstitched"),
                          feedback, [(list(n), int(f)) for n, f in info.get("schedule_notes", [])],
-                         int(info.get("rule_failures", 0)))
+                         int(info.get("rule_failures", 0)), info.get("group_facts"))
 
 
 def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedback) -> SouffleModule:
     """The same groups stitched again, told ``feedback`` (cuts, grids, kernels without prefetch)."""
-    mod = passes.with_info(souffle.unstitched, program=souffle.program, partition=souffle.partition,
+    facts = {"group_facts": souffle.group_facts} if souffle.group_facts is not None else {}
+    mod = passes.with_info(souffle.unstitched, program=souffle.program, partition=souffle.partition, **facts,
                            unscheduled=souffle.unscheduled)
     steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback)]
     if souffle.options.level == "v4":
