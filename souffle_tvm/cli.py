@@ -50,9 +50,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", default="deterministic", choices=["deterministic", "atomic"],
                    help="v3 on CUDA: two-phase reductions with a partial buffer and a combine (default), "
                         "or fp32 sums accumulated with atomicAdd")
-    p.add_argument("--partitioner", default="budget", choices=["budget", "blocks"],
+    p.add_argument("--partitioner", default="budget", choices=["budget", "time", "blocks"],
                    help="v3: budget = boundaries only where a resource or the compile-time budget forces one "
-                        "(default); blocks = one kernel per attention / FFN block")
+                        "(default); time = also where the latency model predicts separate kernels faster; "
+                        "blocks = one kernel per attention / FFN block")
 
 
 def _parse_shapes(text: str | None) -> dict | None:
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="export the library to this .so (weights beside it)")
     p.add_argument("--report", default=None, help="write the report as JSON to this file")
     p.add_argument("--no-nvcc", action="store_true", help="skip ptxas resource measurement")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="CUDA: build with TVM's CUDA-graph rewriting (kernels on static buffers replayed from "
+                        "graphs; the report counts the launches left outside)")
     p.add_argument("--database", default=None, metavar="DIR",
                    help="--fusion souffle: apply the tuned schedules `souffle-tvm tune` wrote to DIR "
                         "(stages it does not hold keep the default rules; the report says which)")
@@ -123,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
     p.add_argument("--tolerance", type=float, default=None, help="relative L2 tolerance (1e-5 fp32, 1e-2 fp16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--target", default="llvm", choices=["llvm", "cuda"],
+                   help="where to run: this CPU (default) or the first CUDA GPU (needs one and TVM's CUDA runtime)")
+    p.add_argument("--time", type=int, default=None, metavar="N",
+                   help="also print the median time of N runs after a warm-up (synchronised with the device)")
 
     p = sub.add_parser("analyze", help="the whole model as tensor expressions: stage kinds, index maps, reuse")
     _model_args(p)
@@ -264,7 +272,8 @@ def cmd_compile(args) -> int:
     compiled = compile_model(args.model, args.target, args.fusion, arch=args.arch, small=args.small,
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
-                             reduction=args.reduction, database=args.database, bind=parse_bind(args.bind))
+                             reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
+                             cuda_graph=args.cuda_graph)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
@@ -306,6 +315,9 @@ def cmd_run(args) -> int:
 
     _writable(args.outputs, "--outputs")
     feeds = _load_inputs(args.inputs)
+    device = runner.cuda_device() if args.target == "cuda" else None    # no GPU: say so before compiling
+    if device is not None and args.model.endswith(".so"):
+        raise SouffleError("run --target cuda compiles the model: give the .onnx file or the zoo name")
     if args.model.endswith(".so"):
         if args.check:
             raise SouffleError("--check needs the ONNX model: run it on the .onnx file or the zoo name")
@@ -328,15 +340,18 @@ def cmd_run(args) -> int:
 
             onnx_model = bind_inputs(load_model(args.model, args.small, args.dtype)[1], parse_bind(args.bind))
             runner.check_memory(graph_inputs(onnx_model, shapes))
-        compiled = compile_model(args.model, "llvm", args.fusion, small=args.small, dtype=args.dtype,
+        compiled = compile_model(args.model, args.target, args.fusion, small=args.small, dtype=args.dtype,
                                  shapes=shapes, level=args.level, bind=parse_bind(args.bind))
         executable, params = compiled.executable, compiled.model.params
         inputs, output_names, model = compiled.model.inputs, compiled.model.outputs, compiled.model.onnx_model
     feeds = feeds if feeds is not None else runner.random_inputs(inputs, args.seed)
     ordered = runner.check_feeds(inputs, feeds)
     t = time.perf_counter()
-    outs = runner.run_vm(executable, params, ordered)
-    print(f"ran on llvm in {time.perf_counter() - t:.3f} s")
+    outs = runner.run_vm(executable, params, ordered, device)
+    print(f"ran on {args.target} in {time.perf_counter() - t:.3f} s")
+    if args.time:
+        ms = runner.median_ms(executable, params, ordered, args.time, device)
+        print(f"median of {args.time} runs: {ms:.4f} ms")
     for name, o in zip(output_names, outs):
         print(f"  {name}: shape {tuple(o.shape)} {o.dtype} mean {float(np.mean(o)) if o.size else float('nan'):.6g}")
     if args.outputs:

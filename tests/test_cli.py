@@ -84,3 +84,23 @@ def test_souffle_compile_and_analyze(tmp_path):
 def test_full_bert_compiles_with_report(tmp_path):
     cli("compile", "bert", "--target", "cuda", "--report", "bert.json", cwd=tmp_path)
     assert json.loads((tmp_path / "bert.json").read_text())["launches"] > 100
+
+
+def test_run_times_on_the_cpu_and_refuses_a_missing_gpu():
+    out = cli("run", "mmoe", "--small", "--time", "5").stdout
+    assert "median of 5 runs:" in out and " ms" in out
+    # this machine has no GPU: a clear one-line error and exit 2, before anything is compiled
+    proc = cli("run", "mmoe", "--small", "--target", "cuda", "--time", "5", ok=(2,))
+    assert "no CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert "building" not in proc.stderr
+
+
+@needs_nvcc
+def test_compile_with_cuda_graphs_reports_the_launches_left_outside(tmp_path):
+    report = tmp_path / "r.json"
+    out = cli("compile", "mmoe", "--small", "--cuda-graph", "--report", str(report)).stdout
+    assert "built with TVM's CUDA-graph rewriting" in out and "predicted GPU time" in out
+    r = json.loads(report.read_text())
+    assert r["cuda_graph"]["replays"] > 0
+    assert r["cuda_graph"]["captured_launches"] + r["cuda_graph"]["launches_outside"] == r["launches"]
+    assert r["latency"]["graph_ms"] <= r["latency"]["rewrite_ms"] <= r["latency"]["ms"]

@@ -36,6 +36,8 @@ class DeviceKernel:
     stored: set[str]
     dyn_shared_bytes: int = 0
     cooperative: bool = False
+    tensor_core: bool = False
+    elem_bytes: int = 4                  # element size of what it stores
 
 
 @dataclass
@@ -92,7 +94,8 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         _recording[-1].append(DeviceKernel(
             name, primfunc, grid, block, tir_stats.kernel_global_buffers(func),
             tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func),
-            "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])))
+            "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"]),
+            tir_stats.uses_tensor_cores(func), tir_stats.stored_element_bytes(func)))
     return mod
 
 

@@ -175,3 +175,42 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
     return {n: e * dtype_bytes(params[n].ty.dtype) for n, e in sizes.items()}
+
+
+_TENSOR_CORE_OPS = ("mma", "ldmatrix", "load_matrix_sync", "store_matrix_sync", "fill_fragment")
+
+
+def uses_tensor_cores(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` runs on tensor cores: an MMA/ldmatrix intrinsic or a fragment-scoped
+    buffer (TVM's tensorized GEMMs, dlight's MatmulTensorization, WMMA)."""
+    found = []
+
+    def call(c):
+        name = getattr(c.op, "name", "")
+        if any(op in name for op in _TENSOR_CORE_OPS):
+            found.append(name)
+
+    def alloc(a):
+        if str(a.buffer.ty.storage_scope).startswith(("wmma.", "m16n8k8.", "m16n8k16.")):
+            found.append(a.buffer.name)
+
+    tvm_ffi.structural_walk(func.body, [(tvm.ir.Call, call), (tirx.AllocBuffer, alloc)])
+    return bool(found)
+
+
+def stored_element_bytes(func: tirx.PrimFunc) -> int:
+    """The element size of what ``func`` stores to global memory (the widest, 4 if none)."""
+    sizes = []
+
+    def store(s):
+        if is_global(s.buffer):
+            sizes.append(dtype_bytes(s.buffer.ty.dtype))
+
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, store))
+    return max(sizes) if sizes else 4
+
+
+def written_param_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of the buffer parameters ``func`` stores to: its outputs."""
+    stored = kernel_stored_buffers(func)
+    return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape") and p.name in stored)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
-from ..core import estimate, hardware
+from ..core import estimate, hardware, latency
 from ..core.geometry import STITCH_BLOCK
 from ..te import analysis
 from ..te.analysis import tensor_bytes
@@ -30,7 +30,9 @@ class GroupFacts:
     budget). ``stages[i]``: the static estimate of each of its lowered stages. ``signature[i]``:
     equal for groups with identical code (repeated layers). ``repeat_of[i]``: the earlier group
     that group i repeats with its inputs one period later (``stitch.rolling.repeats``), rolled
-    into a loop when stitched; None if none.
+    into a loop when stitched; None if none. ``work[i]``: per lowered stage, the tiles and threads
+    it launches alone, its bytes and flops (on its first stage) and whether it uses tensor
+    cores: what the time-driven partitioner (``by_time``) predicts from.
     """
 
     unstitchable: list[str | None]
@@ -38,6 +40,7 @@ class GroupFacts:
     stages: list[list[estimate.Estimate]] = field(default_factory=list)
     signature: list[Hashable] = field(default_factory=list)
     repeat_of: list[int | None] = field(default_factory=list)
+    work: list[list[latency.Stage]] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""

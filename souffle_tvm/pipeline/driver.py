@@ -11,12 +11,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..build import cuda_graph as cuda_graph_build
 from ..build import ptxas
 from ..core import progress
 from ..core.targets import describe, is_cuda, make_target
 from ..errors import LoweringError
 from ..frontend.importer import ImportedModel, import_onnx
-from ..report import assemble
+from ..report import assemble, predicted
 from ..report.schema import Report
 from . import results
 from .building import build_and_report
@@ -46,7 +47,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             small: bool = False, dtype: str = "float32", shapes: dict | None = None,
             nvcc: bool = True, level: str = "v2", gemm_k_tile: int | None = None,
             partitioner: str = "budget", reduction: str = "deterministic",
-            database: str | None = None, bind: dict | None = None) -> Compiled:
+            database: str | None = None, bind: dict | None = None, cuda_graph: bool = False) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -56,6 +57,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
     ``gemm_k_tile``, ``partitioner``, ``reduction``, ``database``: see :class:`Options`.
     ``bind``: model inputs fixed to values at compile time ({name: value}; ``frontend.binding``).
+    ``cuda_graph``: build with TVM's CUDA-graph rewriting (``build.cuda_graph``; CUDA only).
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc).check(tgt)
@@ -73,13 +75,19 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             souffle = results.run(imported.mod, tgt, imported.params, options, first)
         except LoweringError as err:
             fallback = str(err)   # documented: the whole model then builds through TVM's path
-    if souffle is not None and is_cuda(tgt):
-        built = settle(imported, souffle, tgt, nvcc)
-        souffle, result, report, src, nvcc_seconds = (built.souffle, built.result, built.report, built.source,
-                                                      built.nvcc_seconds)
-    else:
-        result, report, src = build_and_report(imported, souffle, tgt, nvcc)
-        nvcc_seconds = report.nvcc.get("seconds", 0.0)
+    with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
+        if souffle is not None and is_cuda(tgt):
+            built = settle(imported, souffle, tgt, nvcc)
+            souffle, result, report, src, nvcc_seconds = (built.souffle, built.result, built.report, built.source,
+                                                          built.nvcc_seconds)
+        else:
+            result, report, src = build_and_report(imported, souffle, tgt, nvcc)
+            nvcc_seconds = report.nvcc.get("seconds", 0.0)
+    if cuda_graph and is_cuda(tgt):
+        summary = cuda_graph_build.summary(result.executable, set(result.calls))
+        for kr in report.kernels:
+            kr.launches_outside_graph = summary["outside_by_function"].get(kr.primfunc, 0)
+        report.cuda_graph = {k: v for k, v in summary.items() if k != "outside_by_function"}
     if is_cuda(tgt) and report.nvcc.get("available"):
         assemble.check_coresidency(report, str(tgt.attrs["arch"]))   # never launch a grid that cannot be co-resident
     if souffle is not None:
@@ -93,9 +101,10 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         if souffle is not None:
             assemble.add_souffle_decisions(report, result, level, souffle.partition, souffle.program,
                                            souffle.subprograms, souffle.stitched, souffle.schedule_notes,
-                                           souffle.rule_failures)
+                                           souffle.rule_failures, souffle.unstitched)
             if database is not None:
                 report.database = database
                 assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
+    predicted.add_latency(report)
     progress.clear()     # the caller prints next: no half line of progress in front of it
     return Compiled(imported, tgt, result.executable, report, src)

@@ -33,7 +33,7 @@ def over_budget(report: Report, souffle: SouffleModule, arch: str) -> dict[str, 
             continue
         if k.spill_bytes:
             out[k.primfunc] = f"{k.spill_bytes} B of register spills ({k.registers} registers)"
-        elif (k.max_coresident or 0) < gpu.sms:
+        elif k.cooperative and (k.max_coresident or 0) < gpu.sms:   # no grid sync: nothing to wait for
             out[k.primfunc] = (f"{k.registers} registers and {k.shared_bytes} B shared memory leave "
                                f"{k.max_coresident} blocks co-resident, fewer than the {gpu.sms} SMs")
     return out
@@ -95,7 +95,7 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
     arch = str(target.attrs["arch"])
     result, report, src = build_and_report(imported, souffle, target, use_nvcc)
     seconds = report.nvcc.get("seconds", 0.0)
-    rounds = MAX_FEEDBACK_ROUNDS if souffle.options.partitioner == "budget" and souffle.stitched else 0
+    rounds = MAX_FEEDBACK_ROUNDS if souffle.options.partitioner in ("budget", "time") and souffle.stitched else 0
     for round_ in range(rounds):
         over = over_budget(report, souffle, arch) if report.nvcc.get("available") else {}
         if not over:

@@ -18,7 +18,7 @@ from ..core.targets import is_cuda
 from ..errors import OptionsError
 
 FUSIONS = ("tvm", "souffle")
-PARTITIONERS = ("budget", "blocks")
+PARTITIONERS = ("budget", "time", "blocks")
 REDUCTIONS = ("deterministic", "atomic")
 
 # The passes (by name) each level leaves out (``passes.SoufflePipeline`` reads it; stitching and
@@ -35,7 +35,9 @@ STITCHING_LEVELS = ("v3", "v4")
 class Options:
     """How to compile. ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16;
     tiles over 48 KB of shared memory go to dynamic shared memory). ``partitioner`` (v3):
-    "budget", resource-aware, or "blocks", a subprogram per attention / FFN block.
+    "budget", resource-aware (as many groups as fit), "time", resource-aware and stitching only
+    where the latency model predicts one kernel faster than separate kernels under a CUDA graph,
+    or "blocks", a subprogram per attention / FFN block.
     ``reduction`` (v3): two-phase reductions with a partial buffer and a combine
     ("deterministic") or, for fp32 sums on CUDA, with atomicAdd ("atomic"). ``database``: a
     directory written by ``souffle-tvm tune`` (souffle fusion). ``nvcc``: measure registers and

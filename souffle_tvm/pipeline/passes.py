@@ -25,7 +25,7 @@ from ..codegen import emit
 from ..core import hardware
 from ..core.geometry import STITCH_BLOCK
 from ..errors import SouffleError
-from ..partition import kernels, subprograms
+from ..partition import by_time, kernels, subprograms
 from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
@@ -206,12 +206,14 @@ class StitchSubprograms:
         gpu = hardware.for_arch(str(target.attrs["arch"]))
         grids = self.feedback.grids
         estimated = grids is None and self.feedback.estimated_grids
-        sizes = self.partitioner == "budget" or estimated
+        sizes = self.partitioner in ("budget", "time") or estimated
         facts = info.get("group_facts")     # the same groups stitched again (ptxas feedback): asked once
         if facts is None or (sizes and not facts.statements):
             facts = policies.group_facts(calls, target, sizes=sizes)
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
+        elif self.partitioner == "time":
+            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced)
         else:
             subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
                                          forced=self.feedback.forced)

@@ -22,7 +22,7 @@ from tvm import relax, te, tirx
 
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate
+from ..core import estimate, latency, tir_stats
 from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
@@ -154,20 +154,33 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
                     for i, g in enumerate(groups)]
     if not sizes:
         return GroupFacts(unstitchable)
-    statements, stages = [], []
+    statements, stages, work = [], [], []
     for i, g in enumerate(groups):
         if g.opaque is not None or unstitchable[i] is not None:
             statements.append(0)
             stages.append([])
+            work.append([])
             continue
-        lowered = lower.lower_stage("g", calls.func(i), target)
+        func = calls.func(i)
+        lowered = lower.lower_stage("g", func, target)
         count = [0]
         for st in lowered:
             tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
         statements.append(count[0])
         stages.append([estimate.stage(st.body) for st in lowered])
+        work.append(_work(func, lowered))
     signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
-    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls))
+    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work)
+
+
+def _work(func: tirx.PrimFunc, lowered: list) -> list[latency.Stage]:
+    """The latency model's view of a group's lowered stages: the function's bytes (its buffer
+    parameters) and flops counted on its first stage."""
+    tc = tir_stats.uses_tensor_cores(func)
+    nbytes, flops = tir_stats.primfunc_param_bytes(func), sum(tir_stats.block_flops(func).values())
+    written, elem = tir_stats.written_param_bytes(func), tir_stats.stored_element_bytes(func)
+    return [latency.Stage(st.num_blocks, st.num_threads, nbytes if k == 0 else 0, flops if k == 0 else 0, tc,
+                          written if k == 0 else 0, elem) for k, st in enumerate(lowered)]
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:

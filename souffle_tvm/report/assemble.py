@@ -50,7 +50,10 @@ def cuda_report(name: str, target, result: BuildResult, figures: dict | None, nv
                 k.name, pf, k.grid, k.block, r.registers if r else None,
                 (r.shared_bytes if r else 0) + k.dyn_shared_bytes if (r or not figures) else None,
                 r.spill_bytes if r else None, calls, _kernel_bytes(k, result.footprints.get(pf, {})), fl,
-                cooperative=k.cooperative))
+                cooperative=k.cooperative, tensor_core=k.tensor_core,
+                written_bytes=sum(min(result.footprints.get(pf, {}).get(n, v), v)
+                                  for n, v in k.global_buffers.items() if n in k.stored),
+                elem_bytes=k.elem_bytes))
     distinct = len({k.name for k in result.kernels if k.primfunc in result.calls})
     return _totals(name, describe(target).split()[0], str(target.attrs["arch"]), kernels, distinct,
                    result.seconds, nvcc)
@@ -104,8 +107,26 @@ def check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
                                    f"(at most {k.max_coresident}: {occ.blocks_per_sm}/SM, limited by {occ.limited_by})")
 
 
+def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
+    """Per stage of stitched kernel ``sk``: the tiles and threads it would launch as a kernel of its
+    own, its bytes and flops (a stage function lowered to several launch regions counts them
+    on its first), and whether it runs on tensor cores."""
+    plan = []
+    for st, (tiles, threads) in zip(sk.stage_ids, sk.geometry):
+        first = st.region in (None, 0)
+        func = stage_funcs.get(st.function)
+        plan.append({"tiles": tiles, "threads": threads,
+                     "bytes": sum(result.footprints.get(st.function, {}).values()) if first else 0,
+                     "written_bytes": tir_stats.written_param_bytes(func) if first and func is not None else 0,
+                     "flops": sum(result.flops.get(st.function, {}).values()) if first else 0,
+                     "tensor_core": bool(func is not None and tir_stats.uses_tensor_cores(func)),
+                     "elem_bytes": tir_stats.stored_element_bytes(func) if func is not None else 4})
+    return plan
+
+
 def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,
-                          subprograms: list, stitched: list, schedule_notes: list, rule_failures: int) -> None:
+                          subprograms: list, stitched: list, schedule_notes: list, rule_failures: int,
+                          unstitched=None) -> None:
     """The groups with their reasons (and the schedule rules passed over, ``schedule_notes``:
     per non-opaque group the "Rule: why" notes and how many rules raised), the group DAG, the
     subprograms, and per stitched kernel its stages, grid syncs, prefetch and its own bytes
@@ -122,12 +143,15 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
     report.group_edges = group_edges(program, partition.groups)
     report.subprograms = [{"groups": [partition.groups[i].name for i in idx], "indices": list(idx), "reason": why}
                           for idx, why in subprograms]
+    stage_funcs = {gv.name_hint: f for gv, f in unstitched.functions.items()
+                   if isinstance(f, tirx.PrimFunc)} if unstitched is not None else {}
     for kr in report.kernels:
         sk = next((k for k in stitched if k.function == kr.primfunc), None)
         if sk is not None:
             kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
             kr.prefetched_bytes = sk.prefetched_bytes or None
             kr.bytes = sum(result.footprints[sk.function].values())
+            kr.stage_plan = stage_plan(result, sk, stage_funcs)
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
 
 

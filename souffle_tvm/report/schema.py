@@ -27,7 +27,17 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
                    the unscheduled TIR, padding excluded); stitched kernels (v3) also
                    carry ``stages``, ``grid_syncs`` and ``cooperative``; with a tuning
                    database, ``schedule`` ("database" or "default: <rule>"; stitched kernels
-                   count their stages) and ``schedule_note`` (why a record was not used)
+                   count their stages) and ``schedule_note`` (why a record was not used);
+                   ``tensor_core``, ``written_bytes``, ``elem_bytes``; stitched kernels
+                   ``stage_plan`` (per stage: tiles and threads it would launch alone, bytes,
+                   written_bytes, flops, tensor_core, elem_bytes), what the latency model reads
+cuda_graph         built with ``--cuda-graph`` (TVM's ``relax.backend.use_cuda_graph``): graph
+                   ``replays``, ``captured_launches`` and ``launches_outside`` per inference;
+                   each kernel's ``launches_outside_graph``
+latency            CUDA only: the latency model's prediction (core/latency.py; an estimate,
+                   never a measurement): ``ms`` launched one by one, ``graph_ms`` under a CUDA
+                   graph, ``gpu_ms`` the kernels alone, ``rewrite_ms`` as built with TVM's CUDA-graph
+                   rewriting (``cuda_graph``), ``gpu`` and ``constants``
 database           the tuning database the compile read (``--database``), else null
 rule_failures      souffle only: how many times a schedule rule raised on a group (candidates the
                    partitioner then split included) and the next rule was tried; a final
@@ -62,6 +72,11 @@ class KernelReport:
     schedule: str | None = None          # with a tuning database: "database", "default: <rule>", or per stage
     schedule_note: str | None = None     # why a database record was not used
     prefetched_bytes: int | None = None  # V4 stitched kernels: inputs prefetched into L2 ahead of their segment
+    tensor_core: bool = False            # its arithmetic runs on tensor cores (MMA intrinsics in its TIR)
+    written_bytes: int | None = None     # of ``bytes``, what it stores (sizes a contraction's operand traffic)
+    elem_bytes: int | None = None        # element size of what it stores
+    stage_plan: list[dict] | None = None  # stitched kernels: per stage tiles, threads, bytes, flops, tensor_core
+    launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
 
 
 @dataclass
@@ -84,6 +99,8 @@ class Report:
     fallback: str | None = None
     database: str | None = None          # the tuning database compile read (``--database``)
     rule_failures: int = 0               # souffle: schedule rules that raised (and were passed over)
+    latency: dict | None = None          # CUDA: the latency model's prediction (an estimate)
+    cuda_graph: dict | None = None       # built with TVM's CUDA-graph rewriting: replays, launches in/outside
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -135,6 +152,16 @@ class Report:
             lines.append(f"... {len(ranked) - max_rows} more kernels (see the JSON report)")
         if self.database:
             lines += _schedule_lines(self)
+        if self.latency:
+            lat = self.latency
+            lines.append(f"\npredicted GPU time on {lat['gpu']} (latency model, an estimate): {lat['ms']:.3f} ms "
+                         f"launched one by one, {lat['graph_ms']:.3f} ms under a CUDA graph "
+                         f"(kernels alone {lat['gpu_ms']:.3f} ms)")
+            if self.cuda_graph:
+                g = self.cuda_graph
+                lines.append(f"built with TVM's CUDA-graph rewriting: {g['replays']} graph replays hold "
+                             f"{g['captured_launches']} launches, {g['launches_outside']} launched outside; "
+                             f"predicted {lat.get('rewrite_ms', float('nan')):.3f} ms")
         if self.fallback:
             lines.append(f"\nfallback to TVM's default path: {self.fallback}")
         if self.groups:

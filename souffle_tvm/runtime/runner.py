@@ -68,12 +68,37 @@ def check_feeds(infos: list[TensorInfo], feeds: dict[str, np.ndarray]) -> list[n
     return ordered
 
 
-def run_vm(executable, params: list[np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run ``main`` on the CPU through Relax's VM; returns the outputs as numpy arrays."""
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    args = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.tensor(p) for p in params]
+def run_vm(executable, params: list[np.ndarray], inputs: list[np.ndarray], device=None) -> list[np.ndarray]:
+    """Run ``main`` through Relax's VM (on the CPU unless ``device``); returns numpy outputs."""
+    dev = device or tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs] + [tvm.runtime.tensor(p, dev) for p in params]
     out = vm["main"](*args)
     return _flatten(out)
+
+
+def cuda_device():
+    """The first CUDA GPU, or a SouffleError saying why there is none to run on."""
+    try:
+        dev = tvm.cuda(0)
+        present = dev.exist
+    except Exception:  # noqa: BLE001 - a TVM without its CUDA runtime raises here
+        present = False
+    if not present:
+        raise SouffleError("no CUDA GPU (or no TVM CUDA runtime) on this machine: `run --target cuda` needs "
+                           "one; `compile --target cuda` builds without a GPU")
+    return dev
+
+
+def median_ms(executable, params: list[np.ndarray], inputs: list[np.ndarray], runs: int, device=None) -> float:
+    """Median wall time of ``runs`` calls of ``main`` after one warm-up, synchronised with the
+    device (TVM's time evaluator: CUDA events' equivalent through stream synchronisation)."""
+    dev = device or tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs] + [tvm.runtime.tensor(p, dev) for p in params]
+    vm.set_input("main", *args)
+    timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 1), min_repeat_ms=0)
+    return float(np.median(timer("main").results)) * 1e3
 
 
 def _flatten(out) -> list[np.ndarray]:

@@ -39,6 +39,7 @@ class StitchedKernel:
     function: str = ""             # the PrimFunc it calls: identical kernels (repeated layers) share one
     prefetched_bytes: int = 0      # V4: bytes of inputs prefetched into L2 ahead of the segment reading them
     stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
+    geometry: list[tuple[int, int]] = field(default_factory=list)   # per stage: (tiles, threads) as its own kernel
 
 
 def kernel_name(subprogram: int) -> str:
@@ -224,4 +225,5 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
             if key.pos == pos and key in items:
                 env[alias] = items[key]
     return StitchedKernel(name, index, [s.name for s in stages], sum(syncs), grid, safety,
-                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids)
+                          max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids,
+                          geometry=[(st.num_blocks, st.num_threads) for st in stages])

@@ -1,0 +1,180 @@
+"""Fit the latency model's six constants on every measured GPU run and validate it honestly.
+
+Data: each case of ``results/gpu/gpu_check-run{1,2,3}.json`` (median ms, with and without a
+CUDA graph), predicted from the kernel plans of the builds that ran, rebuilt at their commit
+(``python/latency_replay.py``; runs 1-2 from 8580722, run 3 from 44fa44f; TVM's kernels from
+44fa44f, whose launch counting matches the trace). A case whose rebuilt launches or grid
+syncs differ from the run's trace is left out and listed.
+
+Fit: least squares on log(predicted / measured), every constant bounded to its physical range
+(``souffle_tvm.core.latency.RANGES``). Validation: leave-one-model-out (refit without each
+model, predict its cases), and the sign and margin of souffle vs tvm for every measured pair.
+
+    .venv/bin/python python/latency_fit.py            # writes results/latency/{fit.json,validation.md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from souffle_tvm.core import hardware, latency
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = {1: "8580722", 2: "8580722", 3: "44fa44f"}
+TVM_PLANS = "44fa44f"
+
+
+def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
+    """One point per measured (run, case, graphs): the kernels that ran and the median ms."""
+    plans = {c: {k["id"]: k for k in json.loads((results / "latency" / f"plans-{c}.json").read_text())["cases"]}
+             for c in set(RUNS.values()) | {TVM_PLANS}}
+    points, skipped = [], []
+    for run, commit in RUNS.items():
+        data = json.loads((results / "gpu" / f"gpu_check-run{run}.json").read_text())
+        for case in data["cases"]:
+            if case.get("median_ms") is None:
+                continue
+            cid = case["id"]
+            plan = (plans[TVM_PLANS].get(cid) or plans[commit].get(cid)) if case["fusion"] == "tvm" else plans[commit].get(cid)
+            if plan is None:
+                skipped.append(f"run {run} {cid}: no rebuilt plan")
+                continue
+            kernels = latency.kernels_from_rows(plan["kernels"], 2 if plan["dtype"] == "float16" else 4)
+            launches = sum(k.launches for k in kernels)
+            syncs = sum(k.launches * k.grid_syncs for k in kernels)
+            if launches != case["kernels_traced"] or syncs != case["grid_syncs"]:
+                skipped.append(f"run {run} {cid}: rebuilt {launches} launches / {syncs} syncs, "
+                               f"ran {case['kernels_traced']} / {case['grid_syncs']}")
+                continue
+            for graphs, key in ((False, "median_ms"), (True, "graph_median_ms")):
+                points.append({"run": run, "id": cid, "model": case["model"], "size": case["size"],
+                               "fusion": case["fusion"], "graphs": graphs, "measured_ms": case[key],
+                               "kernels": kernels, "commit": plan_commit(case["fusion"], commit, cid, plans)})
+    return points, skipped
+
+
+def plan_commit(fusion, commit, cid, plans) -> str:
+    return TVM_PLANS if fusion == "tvm" and cid in plans[TVM_PLANS] else commit
+
+
+def predict_ms(gpu, consts: latency.Constants, point: dict) -> float:
+    return latency.predict(gpu, consts, point["kernels"], point["graphs"]).seconds * 1e3
+
+
+def _consts(x) -> latency.Constants:
+    return latency.Constants(**{n: float(math.exp(v)) for n, v in zip(latency.NAMES, x)})
+
+
+def fit(gpu, points: list[dict], start: latency.Constants = latency.Constants()) -> latency.Constants:
+    """The constants minimising the squared log errors, each inside its range."""
+    lo = [math.log(latency.RANGES[n][0]) for n in latency.NAMES]
+    hi = [math.log(latency.RANGES[n][1]) for n in latency.NAMES]
+    x0 = np.clip([math.log(getattr(start, n)) for n in latency.NAMES], lo, hi)
+
+    def residuals(x):
+        c = _consts(x)
+        return [math.log(predict_ms(gpu, c, p) / p["measured_ms"]) for p in points]
+
+    best = None
+    # a few starts: the max() terms make the surface piecewise, and one start can stall on a kink
+    for scale in (1.0, 0.5, 2.0):
+        x = np.clip(np.asarray(x0) + math.log(scale), lo, hi)
+        r = least_squares(residuals, x, bounds=(lo, hi), diff_step=1e-3)
+        if best is None or r.cost < best.cost:
+            best = r
+    return _consts(best.x)
+
+
+def error(pred: float, meas: float) -> float:
+    return pred / meas - 1.0
+
+
+def validate(gpu, points: list[dict]) -> dict:
+    consts = fit(gpu, points)
+    models = sorted({p["model"] for p in points})
+    lomo = {}
+    for m in models:
+        c = fit(gpu, [p for p in points if p["model"] != m], consts)
+        lomo[m] = c
+    rows = []
+    for p in points:
+        pred_all = predict_ms(gpu, consts, p)
+        pred_lomo = predict_ms(gpu, lomo[p["model"]], p)
+        rows.append({k: p[k] for k in ("run", "id", "model", "size", "fusion", "graphs", "measured_ms", "commit")}
+                    | {"predicted_ms": round(pred_all, 4), "error": round(error(pred_all, p["measured_ms"]), 3),
+                       "lomo_predicted_ms": round(pred_lomo, 4),
+                       "lomo_error": round(error(pred_lomo, p["measured_ms"]), 3)})
+    pairs = []
+    by = {(r["run"], r["model"], r["size"], r["graphs"], r["fusion"]): r for r in rows}
+    for (run, model, size, graphs, fusion), r in by.items():
+        t = by.get((run, model, size, graphs, "tvm"))
+        if fusion != "souffle" or t is None:
+            continue
+        meas, pred = r["measured_ms"] / t["measured_ms"], r["lomo_predicted_ms"] / t["lomo_predicted_ms"]
+        pairs.append({"run": run, "model": model, "size": size, "graphs": graphs,
+                      "measured_ratio": round(meas, 3), "lomo_predicted_ratio": round(pred, 3),
+                      "sign_right": (meas > 1) == (pred > 1)})
+    lomo_err = [abs(r["lomo_error"]) for r in rows]
+    all_err = [abs(r["error"]) for r in rows]
+    return {"gpu": gpu.name, "constants": consts.as_dict(), "ranges": latency.RANGES,
+            "lomo_constants": {m: c.as_dict() for m, c in lomo.items()},
+            "median_abs_error": round(statistics.median(all_err), 3), "max_abs_error": round(max(all_err), 3),
+            "lomo_median_abs_error": round(statistics.median(lomo_err), 3),
+            "lomo_max_abs_error": round(max(lomo_err), 3),
+            "signs_right": sum(p["sign_right"] for p in pairs), "pairs": pairs, "points": rows}
+
+
+def markdown(v: dict, skipped: list[str]) -> str:
+    c = v["constants"]
+    lines = [f"# Latency model validation ({v['gpu']})", "",
+             "Generated by `python/latency_fit.py` from results/gpu runs 1-3 and the rebuilt plans in "
+             "results/latency/. Errors are predicted / measured - 1; LOMO = the constants refitted "
+             "without the case's model.", "",
+             "## Constants (fitted on all points)", "", "| constant | value | plausible range |", "|---|---|---|"]
+    for n in latency.NAMES:
+        lo, hi = v["ranges"][n]
+        lines.append(f"| {n} | {c[n]:.3g} | {lo:g}-{hi:g} |")
+    lines += ["", f"All points: median |error| {v['median_abs_error']:.1%}, max {v['max_abs_error']:.1%}. "
+              f"Leave-one-model-out: median |error| **{v['lomo_median_abs_error']:.1%}**, "
+              f"max {v['lomo_max_abs_error']:.1%}. Sign of souffle vs tvm right in "
+              f"{v['signs_right']} of {len(v['pairs'])} measured pairs (LOMO predictions).", "",
+              "## Every point", "",
+              "| run | case | graph | measured ms | predicted ms | error | LOMO ms | LOMO error |", "|---|---|---|---|---|---|---|---|"]
+    for r in v["points"]:
+        lines.append(f"| {r['run']} | {r['id']} | {'yes' if r['graphs'] else 'no'} | {r['measured_ms']:.4g} | "
+                     f"{r['predicted_ms']:.4g} | {r['error']:+.0%} | {r['lomo_predicted_ms']:.4g} | {r['lomo_error']:+.0%} |")
+    lines += ["", "## Souffle vs TVM: measured and predicted (LOMO) ratio of times", "",
+              "| run | model | size | graph | measured souffle/tvm | predicted | sign |", "|---|---|---|---|---|---|---|"]
+    for p in v["pairs"]:
+        lines.append(f"| {p['run']} | {p['model']} | {p['size']} | {'yes' if p['graphs'] else 'no'} | "
+                     f"{p['measured_ratio']:.2f} | {p['lomo_predicted_ratio']:.2f} | {'right' if p['sign_right'] else 'WRONG'} |")
+    if skipped:
+        lines += ["", "## Left out", ""] + [f"- {s}" for s in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "results" / "latency"))
+    args = ap.parse_args(argv)
+    gpu = hardware.GPUS["h200"]
+    points, skipped = load_points()
+    print(f"{len(points)} measured points; {len(skipped)} cases left out", flush=True)
+    v = validate(gpu, points)
+    out = Path(args.out)
+    (out / "fit.json").write_text(json.dumps(v | {"skipped": skipped}, indent=1))
+    (out / "validation.md").write_text(markdown(v, skipped))
+    print(markdown(v, skipped))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""A latency model of GPU time, per stage, per kernel and per inference, that measurement can check.
+
+Why not a roofline: a stage's time depends on how its tiles fill the grid, not only on its
+bytes and flops. The terms, each physical:
+
+* **Waves and the idle tail.** A stage of ``tiles`` blocks runs on ``slots`` resident blocks
+  (the co-resident blocks of a stitched kernel's grid; ``blocks per SM x SMs`` for a kernel of
+  its own) in ``ceil(tiles / slots)`` waves; the last wave holds the remainder, and every SM
+  waits for it at the next grid sync or kernel boundary.
+* **Latency hiding.** A wave of ``a`` tiles keeps ``a x warps per tile`` warps loading; each
+  has a bounded number of bytes in flight, so the wave's bandwidth is ``min(DRAM x
+  mem_efficiency, warps x warp_bandwidth)`` (Little's law). Occupancy (registers and shared
+  memory of the worst stage, imposed on all stages of a stitched kernel) bounds the warps.
+* **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
+  times ``flop_efficiency``.
+* **Fixed costs.** A grid sync plus the cold restart after it (``sync_us``); per kernel in a
+  CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
+  when its kernels are shorter (``launch_us``).
+
+Six constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
+``results/latency/`` and docs/latency-model.md), shared by all models and operators. Not
+modelled (said in the docs): L2 residency between stages, caches, bank conflicts, spills,
+instruction mix inside a tile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .hardware import GPU, occupancy
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The fitted constants; ``RANGES`` gives each one's plausible physical range."""
+    launch_us: float = 5.0          # host-side dispatch of one kernel launch without a graph
+    node_us: float = 1.5            # one kernel in a CUDA graph: launch latency, ramp and drain
+    sync_us: float = 2.0            # one grid.sync(), with the cold restart of every block after it
+    mem_efficiency: float = 0.7     # of the DRAM datasheet bandwidth, when enough warps are loading
+    warp_gbps: float = 2.0          # GB/s one warp sustains (bytes in flight / memory latency)
+    flop_efficiency: float = 0.3    # of the datasheet peak, for the arithmetic of scheduled stages
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in NAMES}
+
+
+# Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
+# checks these equal the committed fit. Each refit is its own commit.
+FITTED = Constants(launch_us=7.92, node_us=1.63, sync_us=0.5, mem_efficiency=0.4, warp_gbps=2.57, flop_efficiency=0.0687)
+
+NAMES = ("launch_us", "node_us", "sync_us", "mem_efficiency", "warp_gbps", "flop_efficiency")
+RANGES = {"launch_us": (1.0, 15.0), "node_us": (0.5, 5.0), "sync_us": (0.5, 8.0),
+          "mem_efficiency": (0.4, 0.95), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9)}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage's work: as a kernel of its own it would launch ``tiles`` blocks of ``threads``.
+    ``bytes``: its global footprint; ``written_bytes``: what it stores (0: unknown), whose
+    elements of ``elem_bytes`` size the operand traffic of a contraction's tile."""
+    tiles: int
+    threads: int
+    bytes: int
+    flops: int
+    tensor_core: bool = False
+    written_bytes: int = 0
+    elem_bytes: int = 4
+
+    def tile_loads(self) -> float:
+        """Bytes one tile loads: its share of the footprint, or for a contraction the operand
+        panels of a square output tile of side m (2 m K elements for 2 m^2 K flops), read again
+        by every tile that shares them (from L2, at the loading warps' pace)."""
+        share = self.bytes / self.tiles
+        if self.written_bytes <= 0 or self.flops <= 0:
+            return share
+        side = math.sqrt(max(self.written_bytes / self.elem_bytes / self.tiles, 1.0))
+        return max(share, self.flops / self.tiles / side * self.elem_bytes)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One ``__global__`` function: its launch, resources and stages (one unless stitched)."""
+    name: str
+    grid: int
+    threads: int
+    registers: int | None
+    shared_bytes: int
+    stages: tuple[Stage, ...]
+    grid_syncs: int = 0
+    launches: int = 1
+    uncaptured: int | None = None   # under TVM's CUDA-graph rewriting: launches left outside its graphs
+
+    @classmethod
+    def single(cls, name: str, grid: int, threads: int, registers: int | None, shared_bytes: int,
+               bytes_: int, flops: int, tensor_core: bool = False, launches: int = 1) -> "Kernel":
+        return cls(name, grid, threads, registers, shared_bytes,
+                   (Stage(grid, threads, bytes_, flops, tensor_core),), 0, launches)
+
+
+@dataclass(frozen=True)
+class StageTime:
+    waves: int
+    tail: float          # idle fraction of the last wave's slots (0: the tiles fill it)
+    memory_s: float
+    compute_s: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    name: str
+    slots: int           # blocks resident at once
+    blocks_per_sm: int
+    stages: tuple[StageTime, ...]
+    sync_s: float
+    seconds: float       # one launch on the GPU, without launch costs
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float                   # one inference
+    gpu_seconds: float               # the kernels' own time, no launch costs
+    overhead_seconds: float          # what launches (or graph nodes) add on top
+    kernels: list[KernelTime] = field(default_factory=list)
+
+
+def resident_blocks(gpu: GPU, kernel: Kernel) -> tuple[int, int]:
+    """(blocks per SM, slots): how many of the kernel's blocks run at once."""
+    per_sm = (occupancy(gpu, kernel.threads, kernel.registers, kernel.shared_bytes).blocks_per_sm
+              if kernel.registers is not None else max(1, gpu.threads_per_sm // max(kernel.threads, 1)))
+    per_sm = max(per_sm, 1)     # a kernel that launched has at least one block per SM
+    return per_sm, min(kernel.grid, per_sm * gpu.sms)
+
+
+def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[float, float]:
+    """(memory, compute) seconds of one wave of ``active`` tiles of ``stage``."""
+    per_tile_flops = stage.flops / stage.tiles
+    warps = active * math.ceil(stage.threads / gpu.warp_size)
+    hiding = warps * c.warp_gbps * 1e9
+    dram = active * stage.bytes / stage.tiles / min(gpu.dram_bandwidth * c.mem_efficiency, hiding)
+    memory = max(dram, active * stage.tile_loads() / hiding)
+    peak = gpu.fp16_flops if stage.tensor_core else gpu.fp32_flops
+    active_sms = min(active, gpu.sms)
+    # the arithmetic pipes hide latency with the same warps: an SM with fewer warps than it takes
+    # to saturate its share of DRAM runs its arithmetic that much below peak too
+    saturating = gpu.dram_bandwidth * c.mem_efficiency / gpu.sms / (c.warp_gbps * 1e9)
+    hidden = min(1.0, warps / active_sms / saturating)
+    flops_rate = peak * c.flop_efficiency * active_sms / gpu.sms * hidden
+    return memory, active * per_tile_flops / flops_rate
+
+
+def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int) -> StageTime:
+    """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder."""
+    if stage.tiles <= 0 or (stage.bytes <= 0 and stage.flops <= 0):
+        return StageTime(0, 0.0, 0.0, 0.0, 0.0)
+    waves = math.ceil(stage.tiles / slots)
+    full, rest = divmod(stage.tiles, slots)
+    mem = comp = seconds = 0.0
+    for active, count in ((slots, full), (rest, 1 if rest else 0)):
+        if count:
+            m, f = wave_seconds(gpu, c, stage, active)
+            mem, comp, seconds = mem + count * m, comp + count * f, seconds + count * max(m, f)
+    tail = (slots - rest) / slots if rest else 0.0
+    return StageTime(waves, tail, mem, comp, seconds)
+
+
+def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
+    """One launch of ``kernel``: its stages one after another, each after its grid sync."""
+    per_sm, slots = resident_blocks(gpu, kernel)
+    stages = tuple(stage_time(gpu, c, s, slots) for s in kernel.stages)
+    sync = kernel.grid_syncs * c.sync_us * 1e-6
+    return KernelTime(kernel.name, slots, per_sm, stages, sync, sum(s.seconds for s in stages) + sync)
+
+
+def predict(gpu: GPU, c: Constants, kernels: list[Kernel], graphs: bool, replays: int | None = None) -> Prediction:
+    """One inference: every kernel's launches in order, under a CUDA graph or launched one by one.
+
+    Under a graph each kernel costs ``node_us`` on top of its own time. Without one, the host
+    needs ``launch_us`` per dispatch (the VM's call, then each launch) and the GPU waits for
+    it when the kernel is shorter. ``replays`` (TVM's CUDA-graph rewriting, with ``graphs``
+    False): that many graph launches from the host, and each kernel's ``uncaptured`` launches
+    from the host, the rest inside the graphs.
+    """
+    times = [kernel_time(gpu, c, k) for k in kernels]
+    busy = sum(k.launches * t.seconds for k, t in zip(kernels, times))
+    node, launch = c.node_us * 1e-6, c.launch_us * 1e-6
+    if graphs:
+        total = sum(k.launches * (t.seconds + node) for k, t in zip(kernels, times))
+    elif replays is not None:
+        total = launch * (1 + replays)
+        for k, t in zip(kernels, times):
+            out = k.launches if k.uncaptured is None else min(k.uncaptured, k.launches)
+            total += out * max(launch, t.seconds + node) + (k.launches - out) * (t.seconds + node)
+    else:
+        total = launch + sum(k.launches * max(launch, t.seconds + node) for k, t in zip(kernels, times))
+    return Prediction(total, busy, total - busy, times)
+
+
+def _prod(dims) -> int:
+    return math.prod(dims) if dims else 1
+
+
+def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
+    """Kernels from report rows (``Report.kernels`` as JSON, or the replayed plans of
+    ``results/latency/``): a row with ``stages`` given as dicts is a stitched kernel.
+    ``elem_bytes``: the element size where a row does not give its own."""
+    out = []
+    for r in rows:
+        grid, threads = _prod(r["grid"]), _prod(r["block"])
+        plan = r.get("stage_plan") or (r.get("stages") if r.get("stages") and isinstance(r["stages"][0], dict) else None)
+        if plan:
+            stages = tuple(Stage(s["tiles"], s["threads"], s["bytes"], s["flops"], bool(s.get("tensor_core")),
+                                 s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes)
+                           for s in plan)
+            out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, stages,
+                              r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph")))
+        else:
+            st = Stage(grid, threads, r["bytes"], r["flops"], bool(r.get("tensor_core")),
+                       r.get("written_bytes") or 0, r.get("elem_bytes") or elem_bytes)
+            out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, (st,), 0,
+                              r["launches"], r.get("launches_outside_graph")))
+    return out

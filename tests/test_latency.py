@@ -1,0 +1,109 @@
+"""The latency model's terms on tiny hand-computed cases, its fitted constants against the
+committed fit, and TVM's CUDA-graph rewriting as the report counts it."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from souffle_tvm.core import latency
+from souffle_tvm.core.hardware import GPUS
+
+H200 = GPUS["h200"]
+C = latency.Constants(launch_us=5.0, node_us=1.5, sync_us=2.0, mem_efficiency=0.7, warp_gbps=2.0,
+                      flop_efficiency=0.5)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_waves_and_tail():
+    # 264 tiles fill two waves of 132 slots exactly; 133 leave 131 of 132 slots idle in the second
+    full = latency.stage_time(H200, C, latency.Stage(264, 256, 264 * 1024, 0), slots=132)
+    assert (full.waves, full.tail) == (2, 0.0)
+    tail = latency.stage_time(H200, C, latency.Stage(133, 256, 133 * 1024, 0), slots=132)
+    assert tail.waves == 2 and tail.tail == pytest.approx(131 / 132)
+    # the lone tile of the second wave runs with 8 warps' bandwidth: 1 KiB / (8 x 2 GB/s)
+    one_wave = latency.stage_time(H200, C, latency.Stage(132, 256, 132 * 1024, 0), slots=132)
+    assert tail.seconds == pytest.approx(one_wave.seconds + 1024 / (8 * 2e9))
+
+
+def test_latency_hiding_bounds_bandwidth():
+    # 132 one-warp tiles: 132 warps x 2 GB/s = 264 GB/s, far under 0.7 x 4.8 TB/s
+    st = latency.stage_time(H200, C, latency.Stage(132, 32, 10**8, 0), slots=132)
+    assert st.memory_s == pytest.approx(10**8 / (132 * 2e9))
+    # 1056 tiles of 8 warps on 1056 slots: 8448 warps would pull 16.9 TB/s: DRAM bounds it
+    st = latency.stage_time(H200, C, latency.Stage(1056, 256, 10**8, 0), slots=1056)
+    assert st.memory_s == pytest.approx(10**8 / (0.7 * 4.8e12))
+
+
+def test_compute_uses_active_sms_and_tensor_cores():
+    flops = 10**12
+    simt = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops), slots=132)
+    assert simt.compute_s == pytest.approx(flops / (0.5 * H200.fp32_flops))
+    tc = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops, tensor_core=True), slots=132)
+    assert tc.compute_s == pytest.approx(flops / (0.5 * H200.fp16_flops))
+    # 66 tiles keep half the SMs busy: half the peak
+    half = latency.stage_time(H200, C, latency.Stage(66, 256, 0, flops), slots=132)
+    assert half.compute_s == pytest.approx(2 * simt.compute_s)
+
+
+def test_occupancy_of_the_worst_stage_sets_the_slots():
+    # 255 registers x 256 threads: 8 warps of 8192 registers fill the 64K register file: 1 block/SM
+    stages = (latency.Stage(1000, 256, 10**6, 0),)
+    hungry = latency.Kernel("k", 1000, 256, 255, 0, stages)
+    lean = latency.Kernel("k", 1000, 256, 32, 0, stages)
+    assert latency.resident_blocks(H200, hungry) == (1, 132)
+    assert latency.resident_blocks(H200, lean) == (8, 1000)
+    assert latency.kernel_time(H200, C, hungry).seconds > latency.kernel_time(H200, C, lean).seconds
+
+
+def test_syncs_launches_and_graphs():
+    tiny = latency.Kernel.single("k", 1, 32, 16, 0, 4, 0, launches=10)
+    t = latency.kernel_time(H200, C, tiny).seconds
+    graph = latency.predict(H200, C, [tiny], graphs=True)
+    plain = latency.predict(H200, C, [tiny], graphs=False)
+    assert graph.seconds == pytest.approx(10 * (t + 1.5e-6))
+    assert plain.seconds == pytest.approx(5e-6 + 10 * 5e-6)      # host-bound: launch_us each
+    stitched = latency.Kernel("s", 132, 256, 32, 0, (latency.Stage(132, 256, 4, 0),) * 3, grid_syncs=2)
+    kt = latency.kernel_time(H200, C, stitched)
+    assert kt.sync_s == pytest.approx(4e-6)
+    # TVM's rewriting: 2 replays hold 8 launches, 2 launches stay outside
+    part = latency.Kernel(tiny.name, 1, 32, 16, 0, tiny.stages, 0, 10, uncaptured=2)
+    rw = latency.predict(H200, C, [part], graphs=False, replays=2)
+    assert rw.seconds == pytest.approx(3 * 5e-6 + 2 * 5e-6 + 8 * (t + 1.5e-6))
+
+
+def test_kernels_from_report_rows():
+    rows = [{"name": "a", "grid": [4, 2, 1], "block": [128, 1, 1], "registers": 40, "shared_bytes": 0,
+             "launches": 3, "bytes": 100, "flops": 10, "tensor_core": True},
+            {"name": "s", "grid": [132, 1, 1], "block": [256, 1, 1], "registers": 64, "shared_bytes": 1024,
+             "launches": 1, "bytes": 0, "flops": 0, "grid_syncs": 1, "stages": ["x", "y"],
+             "stage_plan": [{"tiles": 8, "threads": 256, "bytes": 5, "flops": 1},
+                            {"tiles": 200, "threads": 128, "bytes": 7, "flops": 2, "tensor_core": True}]}]
+    a, s = latency.kernels_from_rows(rows)
+    assert (a.grid, a.threads, a.launches, a.stages[0].tiles, a.stages[0].tensor_core) == (8, 128, 3, 8, True)
+    assert [st.tiles for st in s.stages] == [8, 200] and s.grid_syncs == 1 and s.stages[1].tensor_core
+
+
+def test_fitted_constants_are_the_committed_fit():
+    fit = json.loads((ROOT / "results" / "latency" / "fit.json").read_text())
+    for name in latency.NAMES:
+        lo, hi = latency.RANGES[name]
+        assert lo <= getattr(latency.FITTED, name) <= hi
+        assert getattr(latency.FITTED, name) == pytest.approx(fit["constants"][name], rel=1e-3), name
+    assert math.isfinite(fit["lomo_median_abs_error"])
+
+
+def test_cuda_graph_rewriting_is_counted():
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    plain = compile_model("mmoe", "cuda", "tvm", small=True, nvcc=False).report
+    graphs = compile_model("mmoe", "cuda", "tvm", small=True, nvcc=False, cuda_graph=True).report
+    assert plain.cuda_graph is None and "rewrite_ms" not in plain.latency
+    g = graphs.cuda_graph
+    # the weight transposes and expert GEMMs on static buffers are captured; kernels that read
+    # the model input or write its output cannot be
+    assert g["replays"] > 0 and g["captured_launches"] > 0 and g["launches_outside"] > 0
+    assert g["captured_launches"] + g["launches_outside"] == graphs.launches
+    assert sum(k.launches_outside_graph for k in graphs.kernels) == g["launches_outside"]
+    assert graphs.latency["graph_ms"] < graphs.latency["rewrite_ms"] < graphs.latency["ms"]

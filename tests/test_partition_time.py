@@ -1,0 +1,94 @@
+"""The time-driven partitioner (``partition.by_time``): boundaries where the latency model says
+separate kernels are faster, stitching where syncs beat graph nodes."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from souffle_tvm.core import estimate, latency
+from souffle_tvm.core.hardware import GPUS
+from souffle_tvm.partition.by_time import by_time
+from souffle_tvm.partition.subprograms import GroupFacts
+
+H200 = GPUS["h200"]
+# syncs clearly cheaper than graph nodes, as the fit finds (docs/latency-model.md)
+C = latency.Constants(launch_us=8.0, node_us=2.0, sync_us=0.7, mem_efficiency=0.7, warp_gbps=3.0,
+                      flop_efficiency=0.3)
+
+
+def _groups(n):
+    return [SimpleNamespace(opaque=None, members=[], name=f"g{i}") for i in range(n)]
+
+
+def _facts(stages, regs):
+    """One lowered stage per group: ``stages[i]`` its latency.Stage, ``regs[i]`` its registers."""
+    n = len(stages)
+    return GroupFacts([None] * n, [10] * n, [[estimate.Estimate(r, 0, False)] for r in regs],
+                      list(range(n)), [None] * n, [[s] for s in stages])
+
+
+def test_small_stages_stitch_into_one_kernel():
+    # an LSTM-like chain: 40 one-tile GEMVs, each far shorter than a graph node
+    stages = [latency.Stage(4, 256, 64 * 1024, 128 * 1024) for _ in range(40)]
+    subs = by_time(_groups(40), _facts(stages, [40] * 40), H200, {}, constants=C)
+    assert [idx for idx, _ in subs] == [list(range(40))]
+    assert subs[0][1] == "end of model"
+
+
+def test_register_hungry_gemm_is_cut_off_a_bandwidth_bound_stage():
+    # a memory-bound stage of 20000 tiles wants 8 blocks per SM; stitched with a 255-register
+    # GEMM it would run at that GEMM's single block per SM
+    stream = latency.Stage(20000, 256, 256 * 2**20, 0)
+    gemm = latency.Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
+    small = latency.Stage(1, 256, 4096, 4096)
+    subs = by_time(_groups(4), _facts([small, stream, gemm, small], [40, 40, 200, 40]), H200, {}, constants=C)
+    kernels = [idx for idx, _ in subs]
+    assert not any(1 in idx and 2 in idx for idx in kernels), kernels
+    cut = next(why for idx, why in subs if idx[-1] in (1, 2) and len(subs) > 1)
+    assert cut.startswith("time: separate kernels predicted faster") and " us as one kernel" in cut
+
+
+def test_forced_cuts_and_unstitchable_groups_are_kept():
+    stages = [latency.Stage(1, 256, 4096, 4096) for _ in range(6)]
+    facts = _facts(stages, [40] * 6)
+    facts.unstitchable[3] = "its schedule uses 512 threads per block, the stitched kernel 256"
+    subs = by_time(_groups(6), facts, H200, {}, forced={1: "ptxas feedback: spills; split after g1"}, constants=C)
+    assert [idx for idx, _ in subs] == [[0, 1], [2], [3], [4, 5]]
+    assert subs[0][1].startswith("ptxas feedback")
+    assert subs[1][1].startswith("next group is not stitchable")
+    assert subs[2][1].startswith("not stitchable")
+
+
+def test_partition_minimises_predicted_time():
+    # the chosen partition is never predicted slower than all-separate or all-stitched
+    stages = [latency.Stage(t, 256, b, f) for t, b, f in
+              [(1, 4096, 10**4), (2000, 2**26, 10**6), (3, 10**5, 10**8), (1, 4096, 10**4), (800, 2**24, 10**9)]]
+    regs = [40, 32, 200, 40, 120]
+    facts = _facts(stages, regs)
+    from souffle_tvm.partition.by_time import Timer, _Window
+
+    timer = Timer(facts, H200, C)
+
+    def cost(subs):
+        total = 0.0
+        for idx, _ in subs:
+            if len(idx) == 1:
+                total += timer.separate(idx[0])
+            else:
+                w = _Window(timer, [set() for _ in stages], idx[0])
+                for i in idx:
+                    w.add(i)
+                total += w.seconds()
+        return total
+
+    chosen = by_time(_groups(5), facts, H200, {}, constants=C)
+    assert cost(chosen) <= cost([([i], "") for i in range(5)]) + 1e-12
+    assert cost(chosen) <= cost([(list(range(5)), "")]) + 1e-12
+
+
+@pytest.mark.slow
+def test_lstm_stitches_under_the_fitted_model():
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    r = compile_model("lstm", "cuda", "souffle", small=True, level="v3", partitioner="time").report
+    assert r.launches == 1
