@@ -85,12 +85,13 @@ def prepare(args) -> int:
     for n, (name, dtype, size, variant) in enumerate(steps, 1):
         small = size == "small"
         fusion, _, level = variant.partition("-")
-        level = level or ("v3" if fusion == "souffle" else "")
+        extra = VARIANT_OPTIONS.get(variant, {})
+        level = {"graph": "", "time": "v3"}.get(level, level) or ("v3" if fusion == "souffle" else "")
         tag = name if dtype == zoo.MODELS[name].paper_dtype else f"{name}-{'fp32' if dtype == 'float32' else 'fp16'}"
         case_id = f"{tag}-{size}-{variant}"
         print(f"[{n}/{len(steps)}] {case_id} ({dtype}) ...", flush=True)
         t = time.perf_counter()
-        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level=level or "v2")
+        c = compile_model(name, "cuda", fusion, arch=ARCH, small=small, dtype=dtype, level=level or "v2", **extra)
         lib = out / "libs" / f"{case_id}.so"
         c.executable.export_library(str(lib))
         if c.cuda_source:
@@ -144,7 +145,10 @@ def prepare(args) -> int:
     return 0
 
 
-VARIANTS = ("tvm", "souffle", "souffle-v4", "souffle-v2", "souffle-v1", "souffle-v0")
+VARIANTS = ("tvm", "souffle", "tvm-graph", "souffle-time", "souffle-v4", "souffle-v2", "souffle-v1", "souffle-v0")
+# tvm-graph: TVM's kernels built with its CUDA-graph rewriting (the baseline a TVM user would
+# choose); souffle-time: v3 with the time-driven partitioner (docs/latency-model.md)
+VARIANT_OPTIONS = {"tvm-graph": {"cuda_graph": True}, "souffle-time": {"partitioner": "time"}}
 
 
 def _steps(args) -> list[tuple[str, str, str, str]]:
@@ -158,9 +162,10 @@ def _steps(args) -> list[tuple[str, str, str, str]]:
         for dtype in dtypes:
             for size in args.sizes:
                 for variant in args.fusions:
-                    if variant.startswith("souffle-") and size not in args.ablation_sizes:
+                    ablation = variant.startswith("souffle-v")
+                    if ablation and size not in args.ablation_sizes:
                         continue
-                    if dtype != zoo.MODELS[name].paper_dtype and variant.startswith("souffle-"):
+                    if dtype != zoo.MODELS[name].paper_dtype and ablation:
                         continue
                     steps.append((name, dtype, size, variant))
     return steps
@@ -178,6 +183,12 @@ def pack(bundle: Path) -> Path:
 
 
 def _summary(report, gpu, cubin: str | None) -> dict:
+    """The build as the GPU run and the latency model see it: per kernel its launch, resources
+    and the model's predicted time of one launch (``predicted_us``, committed before the run)."""
+    from souffle_tvm.core import latency
+    from souffle_tvm.report import predicted
+
+    times = {k.name: latency.kernel_time(gpu, latency.FITTED, k).seconds for k in predicted.kernels_of(report)}
     kernels = []
     seen = set()
     for k in report.kernels:
@@ -188,8 +199,10 @@ def _summary(report, gpu, cubin: str | None) -> dict:
                         "shared_bytes": k.shared_bytes, "cooperative": k.cooperative,
                         "grid_syncs": k.grid_syncs, "launches": k.launches, "cubin": cubin,
                         # the build's own co-residency check (cooperative kernels only)
-                        "predicted_blocks_per_sm": k.max_coresident // gpu.sms if k.max_coresident else None})
+                        "predicted_blocks_per_sm": k.max_coresident // gpu.sms if k.max_coresident else None,
+                        "predicted_us": round(times[k.name] * 1e6, 3)})
     return {"launches": report.launches, "distinct_kernels": report.distinct_kernels,
+            "predicted": report.latency, "cuda_graph": report.cuda_graph,
             "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in report.kernels),
             "compile_seconds": report.compile_seconds, "fallback": report.fallback, "kernels": kernels}
 
@@ -716,9 +729,10 @@ def main() -> int:
     p.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
     p.add_argument("--models", nargs="*", default=zoo.names())
     p.add_argument("--sizes", nargs="*", default=["small", "full"], choices=["small", "full"])
-    p.add_argument("--fusions", nargs="*", default=["tvm", "souffle"], choices=VARIANTS,
-                   help="souffle = level v3 (stitched); souffle-v4 = v3 + L2 prefetch; "
-                        "souffle-v0..v2 = the ablation levels")
+    p.add_argument("--fusions", nargs="*", default=["tvm", "tvm-graph", "souffle-time", "souffle"], choices=VARIANTS,
+                   help="souffle = level v3 (stitched, budget partitioner); souffle-time = v3 with the "
+                        "time-driven partitioner; tvm-graph = TVM's CUDA-graph rewriting; "
+                        "souffle-v4 = v3 + L2 prefetch; souffle-v0..v2 = the ablation levels")
     p.add_argument("--ablation-sizes", nargs="*", default=["full"], choices=["small", "full"],
                    help="sizes at which souffle-v0..v2 are built")
     p.add_argument("--fp32", nargs="*", default=[], help="models also built in float32 (bert, swin: paper fp16)")

@@ -132,6 +132,40 @@ def validate(gpu, points: list[dict]) -> dict:
             "signs_right": sum(p["sign_right"] for p in pairs), "pairs": pairs, "points": rows}
 
 
+def summary_markdown(v: dict) -> str:
+    """The constants and the error figures: the block docs/latency-model.md carries."""
+    c = v["constants"]
+    lines = ["| constant | fitted | plausible range | LOMO range over models |", "|---|---|---|---|"]
+    for n in latency.NAMES:
+        lo, hi = v["ranges"][n]
+        vals = [m[n] for m in v["lomo_constants"].values()]
+        lines.append(f"| {n} | {c[n]:.3g} | {lo:g}-{hi:g} | {min(vals):.3g}-{max(vals):.3g} |")
+    pairs = v["pairs"]
+    wrong = [p for p in pairs if not p["sign_right"]]
+    lines += ["", f"{len(v['points'])} measured points. All points: median |error| {v['median_abs_error']:.1%}, "
+              f"max {v['max_abs_error']:.1%}. **Leave-one-model-out: median |error| {v['lomo_median_abs_error']:.1%}, "
+              f"max {v['lomo_max_abs_error']:.1%}.** Sign of souffle vs tvm right in {v['signs_right']} of "
+              f"{len(pairs)} measured pairs (LOMO)" + (":" if wrong else ".")]
+    for p in wrong:
+        lines.append(f"- wrong: run {p['run']} {p['model']} {p['size']} {'graph' if p['graphs'] else 'launches'}: "
+                     f"measured {p['measured_ratio']:.2f}, predicted {p['lomo_predicted_ratio']:.2f}")
+    per_model = {}
+    for r in v["points"]:
+        per_model.setdefault(r["model"], []).append(abs(r["lomo_error"]))
+    lines += ["", "| model | points | LOMO median abs error | max |", "|---|---|---|---|"]
+    for m, errs in sorted(per_model.items()):
+        lines.append(f"| {m} | {len(errs)} | {statistics.median(errs):.0%} | {max(errs):.0%} |")
+    return "\n".join(lines)
+
+
+def write_docs(v: dict, doc: Path = ROOT / "docs" / "latency-model.md") -> None:
+    text = doc.read_text()
+    begin, end = "<!-- fit:begin -->", "<!-- fit:end -->"
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{begin}\n{summary_markdown(v)}\n{end}{tail}")
+
+
 def markdown(v: dict, skipped: list[str]) -> str:
     c = v["constants"]
     lines = [f"# Latency model validation ({v['gpu']})", "",
@@ -172,7 +206,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     (out / "fit.json").write_text(json.dumps(v | {"skipped": skipped}, indent=1))
     (out / "validation.md").write_text(markdown(v, skipped))
-    print(markdown(v, skipped))
+    write_docs(v)
+    print(summary_markdown(v))
     return 0
 
 
