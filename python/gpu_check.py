@@ -33,6 +33,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -122,7 +123,8 @@ def prepare(args) -> int:
                 "lib": str(lib.relative_to(out)), "params": params,
                 "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in c.model.inputs],
                 "outputs": list(c.model.outputs),
-                "report": _summary(c.report, gpu, store.path(c.cuda_source).name if c.cuda_source else None)}
+                "report": _summary(c.report, gpu, store.path(c.cuda_source).name if c.cuda_source else None,
+                                   c.model.mod)}
         if to_carry:
             path = out / "data" / f"{case_id}.params.npz"
             np.savez(path, **to_carry)
@@ -182,11 +184,17 @@ def pack(bundle: Path) -> Path:
     return tgz
 
 
-def _summary(report, gpu, cubin: str | None) -> dict:
-    """The build as the GPU run and the latency model see it: per kernel its launch, resources
-    and the model's predicted time of one launch (``predicted_us``, committed before the run)."""
-    from souffle_tvm.core import latency
+def _summary(report, gpu, cubin: str | None, mod=None) -> dict:
+    """The build as the GPU run and the latency model see it: per kernel its launch, resources,
+    the model's predicted time of one launch (``predicted_us``, committed before the run) and its
+    key in the measured-times database (``core.measured``; kernels of one PrimFunc each)."""
+    from souffle_tvm.core import latency, measured
     from souffle_tvm.report import predicted
+
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items()} if mod is not None else {}
+    per_func = {}
+    for k in report.kernels:
+        per_func[k.primfunc] = per_func.get(k.primfunc, 0) + 1
 
     times = {k.name: latency.kernel_time(gpu, latency.FITTED, k).seconds for k in predicted.kernels_of(report)}
     kernels = []
@@ -200,7 +208,9 @@ def _summary(report, gpu, cubin: str | None) -> dict:
                         "grid_syncs": k.grid_syncs, "launches": k.launches, "cubin": cubin,
                         # the build's own co-residency check (cooperative kernels only)
                         "predicted_blocks_per_sm": k.max_coresident // gpu.sms if k.max_coresident else None,
-                        "predicted_us": round(times[k.name] * 1e6, 3)})
+                        "predicted_us": round(times[k.name] * 1e6, 3),
+                        "key": measured.kernel_key(funcs[k.primfunc], ARCH, math.prod(k.grid), math.prod(k.block))
+                        if per_func[k.primfunc] == 1 and hasattr(funcs.get(k.primfunc), "body") else None})
     return {"launches": report.launches, "distinct_kernels": report.distinct_kernels,
             "predicted": report.latency, "cuda_graph": report.cuda_graph,
             "grid_syncs": sum((k.grid_syncs or 0) * k.launches for k in report.kernels),
@@ -695,10 +705,10 @@ def _trace(once, torch) -> dict:
         busy = defaultdict(float)       # microseconds on the GPU per kernel name (one inference)
         for e in events:
             busy[e.name] += float(e.time_range.elapsed_us())
-        top = sorted(busy.items(), key=lambda kv: -kv[1])[:25]
+        top = sorted(busy.items(), key=lambda kv: -kv[1])
         return {"kernels_traced": len(names), "distinct_traced": len(set(names)),
                 "kernel_busy_ms": round(sum(busy.values()) / 1e3, 4),
-                "kernel_names": dict(Counter(names).most_common(40)),
+                "kernel_names": dict(Counter(names).most_common()),
                 "kernel_ms": {k: round(v / 1e3, 4) for k, v in top}}
     except Exception as err:
         return {"trace_error": str(err)[:300]}
@@ -749,6 +759,10 @@ def main() -> int:
     r.add_argument("--no-full-reference", action="store_true", help="skip onnxruntime on full-size models")
     r.add_argument("--ncu", action="store_true", help="also DRAM bytes per full-size case from Nsight Compute")
     r.add_argument("--ncu-max-launches", type=int, default=200, help="skip cases with more launches under ncu")
+    w = sub.add_parser("record", help="per-kernel GPU times of a run into the measured-times database")
+    w.add_argument("--bundle", default=str(ROOT / "gpu_bundle"), help="the bundle the run ran (its manifest)")
+    w.add_argument("--result", required=True, help="the run's gpu_check.json")
+    w.add_argument("--db", default=None, help="database file (default results/latency/measured.json)")
     o = sub.add_parser("once", help="(internal) one inference of one case, for ncu")
     o.add_argument("--bundle", required=True)
     o.add_argument("--case", required=True)
@@ -756,7 +770,32 @@ def main() -> int:
     q.add_argument("--bundle", required=True)
     q.add_argument("--name", required=True)
     args = ap.parse_args()
-    return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main}[args.cmd](args)
+    return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main, "record": record}[args.cmd](args)
+
+
+def record(args) -> int:
+    """Each traced kernel's GPU time per launch (its busy time over its launches in one inference)
+    under its database key, for kernels the manifest keyed; the partitioner then prefers it."""
+    from souffle_tvm.core.measured import MeasuredTimes
+
+    manifest = json.loads((Path(args.bundle) / "manifest.json").read_text())
+    result = json.loads(Path(args.result).read_text())
+    cases = {c["id"]: c for c in manifest["cases"]}
+    db = MeasuredTimes.load(args.db)
+    added = 0
+    for run_case in result.get("cases", []):
+        case = cases.get(run_case["id"])
+        busy, counts = run_case.get("kernel_ms") or {}, run_case.get("kernel_names") or {}
+        if case is None:
+            continue
+        for k in case["report"]["kernels"]:
+            if k.get("key") and k["name"] in busy and counts.get(k["name"]):
+                db.add(k["key"], busy[k["name"]] * 1e3 / counts[k["name"]], gpu=result.get("gpu"),
+                       date=result.get("date"), source=f"{run_case['id']} {k['name']}")
+                added += 1
+    path = db.save(args.db)
+    print(f"{added} kernel times recorded in {path} ({len(db.entries)} in all)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -92,3 +92,42 @@ def test_lstm_stitches_under_the_fitted_model():
 
     r = compile_model("lstm", "cuda", "souffle", small=True, level="v3", partitioner="time").report
     assert r.launches == 1
+
+
+def test_a_measured_time_moves_a_boundary(tmp_path):
+    from souffle_tvm.core.measured import MeasuredTimes
+
+    stream = latency.Stage(20000, 256, 256 * 2**20, 0)
+    gemm = latency.Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
+    small = latency.Stage(1, 256, 4096, 4096)
+    facts = _facts([small, stream, gemm, small], [40, 40, 200, 40])
+    facts.kernel_keys = ["k0", "k-stream", "k-gemm", "k3"]
+    before = [idx for idx, _ in by_time(_groups(4), facts, H200, {}, constants=C)]
+    assert [2, 3] in before
+    # the GPU measured the GEMM alone at 1 us, far below the model: alone it is now cheaper
+    db = MeasuredTimes()
+    db.add("k-gemm", 1.0, gpu="H200", source="planted by the test")
+    db.save(tmp_path / "measured.json")
+    loaded = MeasuredTimes.load(tmp_path / "measured.json")
+    after = [idx for idx, _ in by_time(_groups(4), facts, H200, {}, constants=C, measured=loaded)]
+    assert [2] in after and [2, 3] not in after, (before, after)
+
+
+def test_group_keys_match_the_built_kernels():
+    """The key the partitioner asks for is the key of the kernel the build launches."""
+    from souffle_tvm.core import measured
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import policies, results
+    from souffle_tvm.pipeline.options import Options
+
+    m = import_onnx("mmoe", small=True)
+    target = make_target("cuda", "sm_90")
+    sm = results.run(m.mod, target, m.params, Options(level="v3", partitioner="time"))
+    facts = sm.group_facts
+    assert facts.kernel_keys and all(k is None or k.startswith("sm_90|") for k in facts.kernel_keys)
+    calls = policies.GroupCalls(sm.unstitched, sm.partition.groups)
+    i = next(i for i, k in enumerate(facts.kernel_keys) if k is not None)
+    func = calls.func(i).with_attr("global_symbol", "renamed")     # names do not count
+    st = facts.work[i][0]
+    assert measured.kernel_key(func, "sm_90", st.tiles, st.threads) == facts.kernel_keys[i]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 
 from ..core import estimate, hardware, latency
+from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
 from .groups import Group
 from .subprograms import MAX_GROUPS_PER_SUBPROGRAM, MAX_STATEMENTS_PER_SUBPROGRAM, GroupFacts
@@ -41,13 +42,19 @@ class Timer:
     """Predicted seconds of groups as separate kernels and of windows stitched into one."""
 
     def __init__(self, facts: GroupFacts, gpu: hardware.GPU, constants: latency.Constants,
-                 block: int = STITCH_BLOCK):
+                 block: int = STITCH_BLOCK, measured: MeasuredTimes | None = None):
         self.facts, self.gpu, self.c, self.block = facts, gpu, constants, block
+        self.measured = measured or MeasuredTimes()
         self.node = constants.node_us * 1e-6
         self._stage: dict[tuple[int, int, int], float] = {}
 
     def separate(self, g: int) -> float:
-        """Group ``g``'s lowered stages, each a kernel of its own in a CUDA graph."""
+        """Group ``g``'s lowered stages, each a kernel of its own in a CUDA graph; a time measured
+        on the GPU for the same kernel (``core.measured``) wins over the model's."""
+        keys = self.facts.kernel_keys
+        known = self.measured.seconds(keys[g] if g < len(keys) else None)
+        if known is not None:
+            return known + self.node
         total = 0.0
         for st, est in zip(self.facts.work[g], self.facts.stages[g]):
             k = latency.Kernel("g", st.tiles, st.threads, est.registers, est.shared_bytes, (st,))
@@ -117,16 +124,18 @@ class _Window:
 
 def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: dict,
             forced: dict[int, str] | None = None, constants: latency.Constants = latency.FITTED,
+            measured: MeasuredTimes | None = None,
             max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
             max_groups: int = MAX_GROUPS_PER_SUBPROGRAM) -> list[tuple[list[int], str]]:
     """The partition into subprograms that minimises predicted time (see the module doc).
 
     ``facts`` must carry ``work`` and ``stages`` (``pipeline.policies.group_facts``); ``forced``
-    maps a group to the reason a boundary must follow it (ptxas feedback). Returns (group
-    indices, the reason for the boundary that ends the subprogram)."""
+    maps a group to the reason a boundary must follow it (ptxas feedback); ``measured``: GPU
+    times that win over the model's (default: none). Returns (group indices, the reason for the
+    boundary that ends the subprogram)."""
     forced = forced or {}
     n = len(groups)
-    timer = Timer(facts, gpu, constants)
+    timer = Timer(facts, gpu, constants, measured=measured)
     producers = producers_of(groups, readers)
     rep = facts.repeat_of or [None] * n
     size = facts.statements or [1] * n

@@ -32,7 +32,8 @@ class GroupFacts:
     that group i repeats with its inputs one period later (``stitch.rolling.repeats``), rolled
     into a loop when stitched; None if none. ``work[i]``: per lowered stage, the tiles and threads
     it launches alone, its bytes and flops (on its first stage) and whether it uses tensor
-    cores: what the time-driven partitioner (``by_time``) predicts from.
+    cores: what the time-driven partitioner (``by_time``) predicts from. ``kernel_keys[i]``: group
+    i's kernel in the measured-times database (``core.measured``), None for a multi-launch group.
     """
 
     unstitchable: list[str | None]
@@ -41,6 +42,7 @@ class GroupFacts:
     signature: list[Hashable] = field(default_factory=list)
     repeat_of: list[int | None] = field(default_factory=list)
     work: list[list[latency.Stage]] = field(default_factory=list)
+    kernel_keys: list[str | None] = field(default_factory=list)   # core.measured keys of single-launch groups
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""

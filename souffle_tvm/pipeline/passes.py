@@ -23,6 +23,7 @@ import tvm_ffi
 
 from ..codegen import emit
 from ..core import hardware
+from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
 from ..errors import SouffleError
 from ..partition import by_time, kernels, subprograms
@@ -213,7 +214,8 @@ class StitchSubprograms:
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
-            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced)
+            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced,
+                                   measured=MeasuredTimes.load())
         else:
             subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
                                          forced=self.feedback.forced)

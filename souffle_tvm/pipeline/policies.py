@@ -22,7 +22,7 @@ from tvm import relax, te, tirx
 
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, latency, tir_stats
+from ..core import estimate, latency, measured, tir_stats
 from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
@@ -154,12 +154,14 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
                     for i, g in enumerate(groups)]
     if not sizes:
         return GroupFacts(unstitchable)
-    statements, stages, work = [], [], []
+    statements, stages, work, keys = [], [], [], []
+    arch = str(target.attrs["arch"]) if "arch" in target.attrs else str(target.kind.name)
     for i, g in enumerate(groups):
         if g.opaque is not None or unstitchable[i] is not None:
             statements.append(0)
             stages.append([])
             work.append([])
+            keys.append(None)
             continue
         func = calls.func(i)
         lowered = lower.lower_stage("g", func, target)
@@ -169,8 +171,10 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
         statements.append(count[0])
         stages.append([estimate.stage(st.body) for st in lowered])
         work.append(_work(func, lowered))
+        keys.append(measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
+                    if len(lowered) == 1 else None)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
-    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work)
+    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work, keys)
 
 
 def _work(func: tirx.PrimFunc, lowered: list) -> list[latency.Stage]:

@@ -1,0 +1,56 @@
+"""Measured kernel times: a small JSON database in the repo (``results/latency/measured.json``)
+that ``python/gpu_check.py record`` fills from a GPU run, and the time-driven partitioner
+prefers over the latency model's prediction where a kernel matches.
+
+A kernel is keyed by the GPU architecture, the structural hash of its scheduled PrimFunc (which
+fixes its code, dynamic shared memory included; the function's name does not count), its grid
+and its block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm_ffi
+from tvm import tirx
+
+from .files import atomic_write
+
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "results" / "latency" / "measured.json"
+ENV = "SOUFFLE_MEASURED_TIMES"      # another database file (tests, other machines)
+
+
+def kernel_key(func: tirx.PrimFunc, arch: str, grid: int, block: int) -> str:
+    attrs = func.attrs
+    if attrs is not None and "global_symbol" in attrs:
+        func = func.without_attr("global_symbol")
+    return f"{arch}|{tvm_ffi.structural_hash(func):016x}|{grid}|{block}"
+
+
+@dataclass
+class MeasuredTimes:
+    """{kernel key: {"us": median GPU time of one launch, "gpu", "date", "source"}}."""
+    entries: dict[str, dict] = field(default_factory=dict)
+
+    def seconds(self, key: str | None) -> float | None:
+        entry = self.entries.get(key) if key else None
+        return entry["us"] * 1e-6 if entry else None
+
+    def add(self, key: str, us: float, **meta) -> None:
+        self.entries[key] = {"us": round(float(us), 3), **meta}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "MeasuredTimes":
+        p = Path(path or os.environ.get(ENV) or DEFAULT_PATH)
+        if not p.exists():
+            return cls()
+        return cls(json.loads(p.read_text()).get("kernels", {}))
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        p = Path(path or os.environ.get(ENV) or DEFAULT_PATH)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(p, json.dumps({"kernels": self.entries}, indent=1, sort_keys=True))
+        return p
