@@ -45,7 +45,7 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
             cid = case["id"]
             plan = (plans[TVM_PLANS].get(cid) or plans[commit].get(cid)) if case["fusion"] == "tvm" else plans[commit].get(cid)
             if plan is None:
-                skipped.append(f"run {run} {cid}: no rebuilt plan")
+                skipped.append(f"run {run} {cid}: no rebuilt plan (results/latency/README.md)")
                 continue
             kernels = latency.kernels_from_rows(plan["kernels"], 2 if plan["dtype"] == "float16" else 4)
             launches = sum(k.launches for k in kernels)

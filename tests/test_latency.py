@@ -38,13 +38,18 @@ def test_latency_hiding_bounds_bandwidth():
 
 def test_compute_uses_active_sms_and_tensor_cores():
     flops = 10**12
-    simt = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops), slots=132)
+    # 32 warps per SM hide latency fully (C saturates an SM's DRAM share with 12.7 warps)
+    simt = latency.stage_time(H200, C, latency.Stage(132, 1024, 0, flops), slots=132)
     assert simt.compute_s == pytest.approx(flops / (0.5 * H200.fp32_flops))
-    tc = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops, tensor_core=True), slots=132)
+    tc = latency.stage_time(H200, C, latency.Stage(132, 1024, 0, flops, tensor_core=True), slots=132)
     assert tc.compute_s == pytest.approx(flops / (0.5 * H200.fp16_flops))
     # 66 tiles keep half the SMs busy: half the peak
-    half = latency.stage_time(H200, C, latency.Stage(66, 256, 0, flops), slots=132)
+    half = latency.stage_time(H200, C, latency.Stage(66, 1024, 0, flops), slots=132)
     assert half.compute_s == pytest.approx(2 * simt.compute_s)
+    # 8 warps per SM: 8 / 12.7 of the pipes' latency hidden
+    few = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops), slots=132)
+    saturating = 0.7 * 4.8e12 / 132 / 2e9
+    assert few.compute_s == pytest.approx(simt.compute_s * saturating / 8)
 
 
 def test_occupancy_of_the_worst_stage_sets_the_slots():
@@ -67,6 +72,12 @@ def test_syncs_launches_and_graphs():
     stitched = latency.Kernel("s", 132, 256, 32, 0, (latency.Stage(132, 256, 4, 0),) * 3, grid_syncs=2)
     kt = latency.kernel_time(H200, C, stitched)
     assert kt.sync_s == pytest.approx(4e-6)
+    # a stitched stage of three waves: two grid-stride restarts of tile_us each
+    waves = latency.Kernel("w", 132, 256, 32, 0, (latency.Stage(396, 256, 396, 0),) * 2, grid_syncs=1)
+    alone = latency.Kernel("a", 396, 256, 32, 0, (latency.Stage(396, 256, 396, 0),))
+    assert latency.kernel_time(H200, C, waves).stages[0].seconds == pytest.approx(
+        latency.stage_time(H200, C, latency.Stage(396, 256, 396, 0), 132).seconds + 2 * C.tile_us * 1e-6)
+    assert latency.kernel_time(H200, C, alone).stages[0].waves == 1     # 8 blocks per SM: one wave
     # TVM's rewriting: 2 replays hold 8 launches, 2 launches stay outside
     part = latency.Kernel(tiny.name, 1, 32, 16, 0, tiny.stages, 0, 10, uncaptured=2)
     rw = latency.predict(H200, C, [part], graphs=False, replays=2)

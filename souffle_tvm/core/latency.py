@@ -9,10 +9,15 @@ bytes and flops. The terms, each physical:
   waits for it at the next grid sync or kernel boundary.
 * **Latency hiding.** A wave of ``a`` tiles keeps ``a x warps per tile`` warps loading; each
   has a bounded number of bytes in flight, so the wave's bandwidth is ``min(DRAM x
-  mem_efficiency, warps x warp_bandwidth)`` (Little's law). Occupancy (registers and shared
+  mem_efficiency, warps x warp_gbps)`` (Little's law; ``mem_efficiency`` 0.8 is what streaming
+  kernels reach, not fitted). A contraction's tiles re-read operand panels (from L2) at the
+  warps' pace alone. Occupancy (registers and shared
   memory of the worst stage, imposed on all stages of a stitched kernel) bounds the warps.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
-  times ``flop_efficiency``.
+  times ``flop_efficiency``, lower where an SM has too few warps to hide latency.
+* **Grid-stride tiles.** In a stitched kernel a block runs its next tile of a stage only after
+  its previous one (no other block's tile overlaps its start the way a new block does in a
+  kernel of its own): ``tile_us`` per extra wave.
 * **Fixed costs.** A grid sync plus the cold restart after it (``sync_us``); per kernel in a
   CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
   when its kernels are shorter (``launch_us``).
@@ -37,9 +42,10 @@ class Constants:
     launch_us: float = 5.0          # host-side dispatch of one kernel launch without a graph
     node_us: float = 1.5            # one kernel in a CUDA graph: launch latency, ramp and drain
     sync_us: float = 2.0            # one grid.sync(), with the cold restart of every block after it
-    mem_efficiency: float = 0.7     # of the DRAM datasheet bandwidth, when enough warps are loading
+    mem_efficiency: float = 0.8     # of the DRAM datasheet bandwidth (not fitted: what a streaming kernel reaches)
     warp_gbps: float = 2.0          # GB/s one warp sustains (bytes in flight / memory latency)
     flop_efficiency: float = 0.3    # of the datasheet peak, for the arithmetic of scheduled stages
+    tile_us: float = 2.0            # a stitched stage's block starting its next tile (grid-stride): no overlap
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
@@ -47,11 +53,11 @@ class Constants:
 
 # Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.
-FITTED = Constants(launch_us=7.92, node_us=1.63, sync_us=0.5, mem_efficiency=0.4, warp_gbps=2.57, flop_efficiency=0.0687)
+FITTED = Constants(launch_us=8.336, node_us=1.07, sync_us=1.367, tile_us=0.6295, warp_gbps=0.6522, flop_efficiency=0.9)
 
-NAMES = ("launch_us", "node_us", "sync_us", "mem_efficiency", "warp_gbps", "flop_efficiency")
+NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "flop_efficiency")
 RANGES = {"launch_us": (1.0, 15.0), "node_us": (0.5, 5.0), "sync_us": (0.5, 8.0),
-          "mem_efficiency": (0.4, 0.95), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9)}
+          "mem_efficiency": (0.4, 0.95), "tile_us": (0.1, 20.0), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9)}
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,7 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
     return memory, active * per_tile_flops / flops_rate
 
 
-def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int) -> StageTime:
+def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: bool = False) -> StageTime:
     """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder."""
     if stage.tiles <= 0 or (stage.bytes <= 0 and stage.flops <= 0):
         return StageTime(0, 0.0, 0.0, 0.0, 0.0)
@@ -162,13 +168,15 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int) -> StageTime:
             m, f = wave_seconds(gpu, c, stage, active)
             mem, comp, seconds = mem + count * m, comp + count * f, seconds + count * max(m, f)
     tail = (slots - rest) / slots if rest else 0.0
+    if persistent:
+        seconds += (waves - 1) * c.tile_us * 1e-6
     return StageTime(waves, tail, mem, comp, seconds)
 
 
 def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
     """One launch of ``kernel``: its stages one after another, each after its grid sync."""
     per_sm, slots = resident_blocks(gpu, kernel)
-    stages = tuple(stage_time(gpu, c, s, slots) for s in kernel.stages)
+    stages = tuple(stage_time(gpu, c, s, slots, persistent=len(kernel.stages) > 1) for s in kernel.stages)
     sync = kernel.grid_syncs * c.sync_us * 1e-6
     return KernelTime(kernel.name, slots, per_sm, stages, sync, sum(s.seconds for s in stages) + sync)
 
