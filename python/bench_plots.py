@@ -7,6 +7,8 @@
   intensity vs the attainable FLOP/s the roofline allows it), TVM's and V3's; the area of a
   point is its share of the model's estimated time. Estimates, not measurements.
 * ``ablation.png``: launches and estimated latency per ablation level (TVM, V0..V3).
+* ``predicted.png``: the latency model's predicted ms per model under CUDA graphs: TVM, V2,
+  V3 and the time-driven V3 (estimates, docs/latency-model.md).
 """
 
 from __future__ import annotations
@@ -114,8 +116,26 @@ def ablation(result: dict, out: Path) -> Path:
     return _save(fig, out / "ablation.png")
 
 
+def predicted(result: dict, out: Path) -> Path:
+    keys = ("tvm", "v2", "v3", "v3t")
+    rows = [r for r in _ok(result["compile"], keys) if all(r[k].get("predicted_graph_ms") for k in keys)]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    colours = dict(COLOURS, v3t="#54278f")
+    labels = {"tvm": "TVM", "v2": "Souffle V2", "v3": "V3 (budget)", "v3t": "V3 (time-driven)"}
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        vals = [r[key]["predicted_graph_ms"] for r in rows]
+        ax.bar([j + (i - 1.5) * width for j in range(len(rows))], vals, width, color=colours[key], label=labels[key])
+    ax.set_yscale("log")
+    ax.set_xticks(list(range(len(rows))), [f"{r['model']}\n{r['dtype']}" for r in rows])
+    ax.set_ylabel("predicted ms, under a CUDA graph (log)")
+    ax.set_title(f"Latency model ESTIMATES, H200 ({result['date']})")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "predicted.png")
+
+
 def plot_all(result: dict, out: Path) -> list[Path]:
-    return [launches(result, out), roofline_chart(result, out), ablation(result, out)]
+    return [launches(result, out), roofline_chart(result, out), ablation(result, out), predicted(result, out)]
 
 
 if __name__ == "__main__":

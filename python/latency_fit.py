@@ -195,6 +195,33 @@ def markdown(v: dict, skipped: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scatter(v: dict, path: Path) -> Path:
+    """Predicted (leave-one-model-out) against measured ms, log-log, one colour per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for model in sorted({r["model"] for r in v["points"]}):
+        pts = [r for r in v["points"] if r["model"] == model]
+        ax.scatter([r["measured_ms"] for r in pts], [r["lomo_predicted_ms"] for r in pts], s=18, label=model,
+                   marker="o")
+    lo = min(min(r["measured_ms"], r["lomo_predicted_ms"]) for r in v["points"]) / 1.5
+    hi = max(max(r["measured_ms"], r["lomo_predicted_ms"]) for r in v["points"]) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.75, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms (H200)",
+           ylabel="predicted ms, leave-one-model-out",
+           title=f"Latency model: LOMO median |error| {v['lomo_median_abs_error']:.0%}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "latency"))
@@ -207,6 +234,7 @@ def main(argv=None) -> int:
     (out / "fit.json").write_text(json.dumps(v | {"skipped": skipped}, indent=1))
     (out / "validation.md").write_text(markdown(v, skipped))
     write_docs(v)
+    scatter(v, out / "validation.png")
     print(summary_markdown(v))
     return 0
 
