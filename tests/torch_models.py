@@ -360,3 +360,52 @@ def export(name: str, exporter: str) -> str:
             os.replace(os.path.join(tmp, f), os.path.join(os.path.dirname(path), f))
         os.rmdir(tmp)
     return path
+
+
+# -- names in other exporters' styles -----------------------------------------------------------
+# TF/Keras (tf2onnx) and JAX (jax2tf) name every tensor by its layer path; torch's legacy
+# exporter's own names (``/layers.0/attn/Constant_3_output_0``, ``layers.0.attn.qkv.weight``)
+# are kept as they are. Renaming a torch export gives the same graph under each exporter's names.
+NAME_STYLES = ("torch", "tf", "jax")
+
+
+def _styled(style: str, index: int, name: str, op: str, initializer: bool) -> str:
+    name = name.replace("onnx::", "")   # "/layers.0/att/MatMul_output_0" or "layers.0.att.qkv.weight"
+    parts = name.split("/")[1:-1] if "/" in name else name.split(".")[:-1]
+    path = "/".join(parts).replace(".", "_") or "dense"
+    if style == "tf":   # tf2onnx: the Keras layer path, the TF op, the output index
+        return f"model/{path}_{index}/{'kernel' if initializer else op}:0"
+    # jax2tf: one flat function scope; constants are Const_N. Pairs of names that differ only in
+    # the characters C does not allow ("/" and ":") make the identifiers collide once sanitized.
+    sep = "/" if index % 2 == 0 else ":"
+    return f"jax2tf_fn_{sep}{'Const' if initializer else op}_{index // 2}"
+
+
+def rename(model, style: str):
+    """A copy of ``model`` with every tensor named in ``style`` (graph inputs and outputs too,
+    except in the torch style, which is the export as it is)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if style == "torch":
+        return out
+    g = out.graph
+    producers = {o: n.op_type for n in g.node for o in n.output}
+    inits = [t.name for t in g.initializer]
+    names = inits + [o for n in g.node for o in n.output if o and o not in inits]
+    mapping = {n: _styled(style, i, n, producers.get(n, "Const"), n in inits) for i, n in enumerate(names)}
+    for vi in g.input:
+        if vi.name not in mapping:
+            mapping[vi.name] = f"serving_default_{vi.name}:0" if style == "tf" else f"jax2tf_arg_{vi.name}:0"
+    for k, vi in enumerate(g.output):
+        mapping[vi.name] = f"StatefulPartitionedCall:{k}" if style == "tf" else f"jax2tf_fn_/Identity_{k}"
+    assert len(set(mapping.values())) == len(mapping), "renaming must keep tensors apart"
+    for t in g.initializer:
+        t.name = mapping[t.name]
+    for n in g.node:
+        n.input[:] = [mapping.get(x, x) for x in n.input]
+        n.output[:] = [mapping.get(x, x) for x in n.output]
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        vi.name = mapping.get(vi.name, vi.name)
+    return out

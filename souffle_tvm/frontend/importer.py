@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, onnx_control, onnx_fold, onnx_rnn
+from . import binding, names as c_names, onnx_control, onnx_fold, onnx_rnn
 from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
@@ -34,7 +34,12 @@ class TensorInfo:
 
 @dataclass
 class ImportedModel:
-    """A model in Relax: ``mod["main"]`` takes ``inputs`` then ``params`` (in that order)."""
+    """A model in Relax: ``mod["main"]`` takes ``inputs`` then ``params`` (in that order).
+
+    ``main``'s parameters are C identifiers (``names``); ``inputs`` keep the ONNX names, and
+    ``names`` maps each renamed parameter back to the name TVM's importer gave it (the ONNX name,
+    less an ``onnx::`` prefix).
+    """
 
     name: str
     mod: tvm.IRModule
@@ -42,6 +47,7 @@ class ImportedModel:
     inputs: list[TensorInfo]
     outputs: list[str]
     onnx_model: onnx.ModelProto = field(repr=False)
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
@@ -243,5 +249,6 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         gc.collect()
         raise UnsupportedOperatorError(failure)
     mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+    mod, renamed = c_names.rename_params(mod)
     outputs = [o.name for o in model.graph.output]
-    return ImportedModel(name, mod, weights, inputs, outputs, model)
+    return ImportedModel(name, mod, weights, inputs, outputs, model, renamed)
