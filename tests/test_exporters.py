@@ -21,6 +21,8 @@ MATRIX = [(name, exporter) for name in tm.SPECS for exporter in tm.EXPORTERS]
 # run keeps the exports that stress what this layer does (folded shapes, gathers, GRU,
 # several outputs), the others run with `make test-all`.
 SOUFFLE_DEFAULT = {("bert", "legacy"), ("gru", "dynamo")}   # the rest of the souffle column: slow
+# transformers-style BERT: its dynamic-sequence exports run by default in tests/test_dynamic_inputs.py
+TVM_SLOW = {"hfbert"}
 
 
 def _check(name: str, exporter: str, fusion: str, seq: int | None = None):
@@ -35,7 +37,9 @@ def _check(name: str, exporter: str, fusion: str, seq: int | None = None):
     return compiled
 
 
-@pytest.mark.parametrize("name,exporter", MATRIX, ids=[f"{n}-{e}" for n, e in MATRIX])
+@pytest.mark.parametrize("name,exporter", [
+    pytest.param(n, e, marks=pytest.mark.slow if n in TVM_SLOW else ()) for n, e in MATRIX],
+    ids=[f"{n}-{e}" for n, e in MATRIX])
 def test_export_builds_and_matches_onnxruntime(name, exporter):
     _check(name, exporter, "tvm")
 

@@ -74,6 +74,30 @@ class Bert(nn.Module):
         return x, torch.tanh(self.pool(x[:, 0]))
 
 
+class HFBert(nn.Module):
+    """BERT in the forms of transformers' BertModel (SDPA attention): position ids and token
+    types from buffers sliced to the run-time length, and the 4-D mask of
+    ``_prepare_4d_attention_mask_for_sdpa`` (expand to [b, 1, s, s], invert, masked_fill with
+    the dtype's minimum). Exported, the Expand's shape is Shape arithmetic over ``input_ids``."""
+
+    def __init__(self, vocab=50, dim=32, heads=2, layers=2, max_len=16):
+        super().__init__()
+        self.word, self.pos, self.tok = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim), nn.Embedding(2, dim)
+        self.register_buffer("position_ids", torch.arange(max_len).expand((1, -1)), persistent=False)
+        self.ln = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(EncoderLayer(dim, heads, 2 * dim) for _ in range(layers))
+        self.pool = nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        b, s = input_ids.size()
+        x = self.ln(self.word(input_ids) + self.pos(self.position_ids[:, 0:s]) + self.tok(token_type_ids))
+        inverted = 1.0 - attention_mask[:, None, None, :].expand(b, 1, s, s).to(x.dtype)
+        bias = inverted.masked_fill(inverted.to(torch.bool), torch.finfo(x.dtype).min)
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x, torch.tanh(self.pool(x[:, 0]))
+
+
 class ResNeXtBlock(nn.Module):
     def __init__(self, cin, cout, groups, width, stride):
         super().__init__()
@@ -277,6 +301,8 @@ SEQ = 8
 SPECS = {
     "bert": Spec(Bert, {"input_ids": ((BATCH, SEQ), "int64"), "attention_mask": ((BATCH, SEQ), "int64"),
                         "token_type_ids": ((BATCH, SEQ), "int64")}, ("hidden", "pooled")),
+    "hfbert": Spec(HFBert, {"input_ids": ((BATCH, SEQ), "int64"), "attention_mask": ((BATCH, SEQ), "int64"),
+                            "token_type_ids": ((BATCH, SEQ), "int64")}, ("hidden", "pooled")),
     "resnext": Spec(ResNeXt, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "efficientnet": Spec(EfficientNet, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "swin": Spec(Swin, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
@@ -333,10 +359,12 @@ def _export(name: str, exporter: str, path: str) -> None:
             axes = {0: "batch", 1: "seq"} if exporter == "legacy-seq" else {0: "batch"}
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, opset_version=17,
                               dynamic_axes={n: axes for n in names}, dynamo=False)
-        else:
-            batch = torch.export.Dim("batch", min=1, max=64)
+        else:  # dynamo-seq: the sequence axis (1) dynamic too, up to the models' 16 positions
+            dims = {0: torch.export.Dim("batch", min=1, max=64)}
+            if exporter == "dynamo-seq":
+                dims[1] = torch.export.Dim("seq", min=2, max=16)
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
-                              dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
+                              dynamic_shapes=tuple(dims for _ in names), verbose=False)
 
 
 def cache_dir() -> str:
@@ -347,7 +375,7 @@ def cache_dir() -> str:
 
 
 def export(name: str, exporter: str) -> str:
-    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq), exporting it on first use."""
+    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq|dynamo-seq), exporting it on first use."""
     path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
     if not os.path.exists(path):
         # Export under the final file name in a private folder (the dynamo exporter writes the

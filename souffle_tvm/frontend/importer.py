@@ -162,6 +162,35 @@ def check_operators(model: onnx.ModelProto) -> None:
         raise UnsupportedOperatorError(f"unsupported ONNX operator(s): {listed}")
 
 
+def _integer_initializers_as_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose integer and bool initializers are ``Constant`` nodes.
+
+    TVM's importer makes every initializer a parameter (``keep_params_in_input``) and only some
+    converters look a parameter up as a constant; the others (``Expand``'s shape: transformers'
+    attention mask ``mask[:, None, None, :].expand(b, 1, s, s)``, whose shape the folding made
+    an int64 initializer) then build a dynamic-shape graph that cannot be folded or lowered.
+    As constants, shapes, indices and masks are known to every converter. They are never weights.
+    """
+    ints = {t.name for t in model.graph.initializer
+            if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"}
+    if not ints:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = [onnx.helper.make_node("Constant", [], [t.name], value=t) for t in g.initializer if t.name in ints]
+    keep = [t for t in g.initializer if t.name not in ints]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    inputs = [vi for vi in g.input if vi.name not in ints]    # old files list initializers as inputs too
+    del g.input[:]
+    g.input.extend(inputs)
+    nodes = consts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    return out
+
+
 def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule, list[np.ndarray]]:
     """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed.
 
@@ -232,6 +261,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    converted = _integer_initializers_as_constants(converted)
     failure = None
     try:
         with _project_converters():
@@ -248,7 +278,13 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         # comes before our message instead of after it.
         gc.collect()
         raise UnsupportedOperatorError(failure)
-    mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+    try:
+        mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+    except Exception as err:  # noqa: BLE001 - TVM's folding asserts on shapes it cannot evaluate
+        raise UnsupportedOperatorError(
+            f"{name}: the imported graph keeps shapes known only at run time, which cannot be folded "
+            f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1][:200]}); give static input "
+            "shapes (--input-shapes) or export without data-dependent shapes") from None
     mod, renamed = c_names.rename_params(mod)
     outputs = [o.name for o in model.graph.output]
     return ImportedModel(name, mod, weights, inputs, outputs, model, renamed)
