@@ -162,18 +162,23 @@ def check_operators(model: onnx.ModelProto) -> None:
         raise UnsupportedOperatorError(f"unsupported ONNX operator(s): {listed}")
 
 
-def _integer_initializers_as_constants(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose integer and bool initializers are ``Constant`` nodes.
+def _as_tvm_reads_it(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` in the form TVM's importer reads correctly.
 
-    TVM's importer makes every initializer a parameter (``keep_params_in_input``) and only some
-    converters look a parameter up as a constant; the others (``Expand``'s shape: transformers'
-    attention mask ``mask[:, None, None, :].expand(b, 1, s, s)``, whose shape the folding made
-    an int64 initializer) then build a dynamic-shape graph that cannot be folded or lowered.
-    As constants, shapes, indices and masks are known to every converter. They are never weights.
+    * Initializers are not graph inputs. Files of IR version 3 (early exporters, the classic
+      model-zoo CNNs) list every initializer among the inputs too, its value being the input's
+      default; TVM's importer then makes it a parameter twice (as an input and as a weight).
+    * Integer and bool initializers are ``Constant`` nodes. TVM's importer makes every
+      initializer a parameter (``keep_params_in_input``) and only some converters look a
+      parameter up as a constant; the others (``Expand``'s shape: transformers' attention mask
+      ``mask[:, None, None, :].expand(b, 1, s, s)``, whose shape the folding made an int64
+      initializer) build a dynamic-shape graph that cannot be folded or lowered. Shapes,
+      indices and masks are never weights.
     """
-    ints = {t.name for t in model.graph.initializer
-            if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"}
-    if not ints:
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    ints = {t.name for t in g.initializer if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"}
+    if not ints and not any(vi.name in inits for vi in g.input):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -182,12 +187,13 @@ def _integer_initializers_as_constants(model: onnx.ModelProto) -> onnx.ModelProt
     keep = [t for t in g.initializer if t.name not in ints]
     del g.initializer[:]
     g.initializer.extend(keep)
-    inputs = [vi for vi in g.input if vi.name not in ints]    # old files list initializers as inputs too
+    inputs = [vi for vi in g.input if vi.name not in inits]
     del g.input[:]
     g.input.extend(inputs)
     nodes = consts + list(g.node)
     del g.node[:]
     g.node.extend(nodes)
+    out.ir_version = max(out.ir_version, 4)     # initializers that are not inputs need IR version 4
     return out
 
 
@@ -261,7 +267,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
-    converted = _integer_initializers_as_constants(converted)
+    converted = _as_tvm_reads_it(converted)
     failure = None
     try:
         with _project_converters():
