@@ -197,8 +197,10 @@ def _as_tvm_reads_it(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule, list[np.ndarray]]:
-    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed.
+def _bind_integer_params(mod: tvm.IRModule, params: dict, fold: bool = False) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed
+    (``fold``: fold constants even if none is left to bind, as when the model's integer
+    initializers reached the importer as constants already).
 
     They are not weights: exporters use them for Gather indices and shape arithmetic, which
     should fold at compile time rather than run as kernels.
@@ -214,6 +216,7 @@ def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule,
             keep.append(v.numpy())
     if bind:
         mod = relax.transform.BindParams("main", bind)(mod)
+    if bind or fold:
         mod = relax.transform.FoldConstant()(mod)
     return mod, keep
 
@@ -267,6 +270,10 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    # integer initializers fed FoldConstant when they were bound after the import; as constants
+    # they still do (the same folding, whichever way they arrive)
+    has_ints = any(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"
+                   for t in converted.graph.initializer)
     converted = _as_tvm_reads_it(converted)
     failure = None
     try:
@@ -285,7 +292,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         gc.collect()
         raise UnsupportedOperatorError(failure)
     try:
-        mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+        mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod), fold=has_ints)
     except Exception as err:  # noqa: BLE001 - TVM's folding asserts on shapes it cannot evaluate
         raise UnsupportedOperatorError(
             f"{name}: the imported graph keeps shapes known only at run time, which cannot be folded "
