@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, names as c_names, onnx_control, onnx_fold, onnx_rnn
+from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_rnn
 from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
@@ -270,6 +270,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    converted, _ = onnx_bn.fold_batch_norms(converted)
     # integer initializers fed FoldConstant when they were bound after the import; as constants
     # they still do (the same folding, whichever way they arrive)
     has_ints = any(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"
