@@ -73,7 +73,7 @@ def test_the_export_keeps_the_batch_norm(pair):
     assert [n.op_type for n in onnx.load(pair[1]).graph.node] == ["Conv", "Relu", "Conv"]
 
 
-@pytest.mark.parametrize("level", ["v2", "v3"])
+@pytest.mark.parametrize("level", ["v2", pytest.param("v3", marks=pytest.mark.slow)])
 def test_conv_bn_relu_builds_to_the_kernels_of_conv_relu(pair, level):
     def kernels(path):
         r = compile_model(path, "cuda", "souffle", level=level, nvcc=False).report

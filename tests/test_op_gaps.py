@@ -124,7 +124,8 @@ def test_op_matches_onnxruntime_on_llvm(exports, name, fusion):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("fusion,level", [("tvm", "v2"), ("souffle", "v2"), ("souffle", "v3")])
+@pytest.mark.parametrize("fusion,level", [("tvm", "v2"), pytest.param("souffle", "v2", marks=pytest.mark.slow),
+                                          ("souffle", "v3")])
 @pytest.mark.parametrize("name", list(OPS))
 def test_op_builds_for_cuda_with_nvcc(exports, name, fusion, level):
     r = compile_model(exports[name], "cuda", fusion, arch="sm_90", level=level).report
@@ -133,6 +134,7 @@ def test_op_builds_for_cuda_with_nvcc(exports, name, fusion, level):
         assert not r.fallback, r.fallback
 
 
+@pytest.mark.slow
 def test_cli_runs_a_clipped_and_a_reflect_padded_model(exports, tmp_path):
     # as a user meets them: `souffle-tvm run --check` at --fusion souffle --level v3
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
