@@ -17,6 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
+from . import from_primfunc
 from ..errors import LoweringError
 
 
@@ -222,6 +223,8 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram, mod: tvm.IRModule) -> 
         capture.env[b.var] = list(b.var.ty.values)   # a static shape (shape_of of a static tensor)
         return
     reason = None
+    if _call_tir_as_te(b, capture, prog, mod):
+        return
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         legalize = value.op.get_attr("FLegalize")
         if legalize is None:
@@ -258,6 +261,28 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram, mod: tvm.IRModule) -> 
     outs = _placeholders_for(b.var.name, b.var.ty)
     capture.env[b.var] = outs if isinstance(b.var.ty, relax.TupleType) else outs[0]
     prog.opaque.append(OpaqueStage(b.var.name, value, args, outs, reason, callees))
+
+
+def _call_tir_as_te(b, capture: _Capture, prog: TEProgram, mod: tvm.IRModule) -> bool:
+    """A ``call_tir`` of a PrimFunc in ``mod`` that is one spatial loop nest becomes a TE stage
+    (``from_primfunc``); True if it did."""
+    value = b.value
+    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+            and isinstance(value.args[0], tvm.ir.GlobalVar) and value.args[0] in mod.get_global_vars()):
+        return False
+    callee = mod[value.args[0]]
+    if not isinstance(callee, tvm.tirx.PrimFunc) or not isinstance(value.args[1], relax.Tuple):
+        return False
+    try:
+        args = [capture.to_te(a) for a in value.args[1].fields]
+    except KeyError:
+        return False
+    out = from_primfunc.as_te(callee, args)
+    if out is None:
+        return False
+    capture.env[b.var] = out
+    _record_ops(out, f"relax.call_tir {value.args[0].name_hint}", prog)
+    return True
 
 
 def _non_compute_op(result, prog: TEProgram) -> str | None:
