@@ -8,6 +8,8 @@ on disk across sessions (keyed by torch version and the models' source).
 
 import pytest
 
+from conftest import needs_nvcc
+
 import torch_models as tm
 from souffle_tvm.runtime import runner
 from souffle_tvm.pipeline.driver import compile as compile_model
@@ -21,6 +23,8 @@ MATRIX = [(name, exporter) for name in tm.SPECS for exporter in tm.EXPORTERS]
 # run keeps the exports that stress what this layer does (folded shapes, gathers, GRU,
 # several outputs), the others run with `make test-all`.
 SOUFFLE_DEFAULT = {("bert", "legacy"), ("gru", "dynamo")}   # the rest of the souffle column: slow
+# transformers-style BERT: its dynamic-sequence exports run by default in tests/test_dynamic_inputs.py
+TVM_SLOW = {"hfbert"}
 
 
 def _check(name: str, exporter: str, fusion: str, seq: int | None = None):
@@ -35,7 +39,9 @@ def _check(name: str, exporter: str, fusion: str, seq: int | None = None):
     return compiled
 
 
-@pytest.mark.parametrize("name,exporter", MATRIX, ids=[f"{n}-{e}" for n, e in MATRIX])
+@pytest.mark.parametrize("name,exporter", [
+    pytest.param(n, e, marks=pytest.mark.slow if n in TVM_SLOW else ()) for n, e in MATRIX],
+    ids=[f"{n}-{e}" for n, e in MATRIX])
 def test_export_builds_and_matches_onnxruntime(name, exporter):
     _check(name, exporter, "tvm")
 
@@ -64,3 +70,25 @@ def test_bert_with_dynamic_sequence_length(seq):
     # (Range over a Shape) and the mask broadcast fold for whatever length is compiled.
     compiled = _check("bert", "legacy-seq", "tvm", seq=seq)
     assert compiled.model.inputs[0].shape == (BATCH, seq)
+
+
+CUDA_LEVELS = {"tvm": ("tvm", "v2"), "v2": ("souffle", "v2"), "v3": ("souffle", "v3")}
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("level", list(CUDA_LEVELS))
+@pytest.mark.parametrize("name,exporter", MATRIX, ids=[f"{n}-{e}" for n, e in MATRIX])
+def test_export_builds_for_cuda_with_nvcc(name, exporter, level):
+    """The exporter matrix on the real target (issue 18): sm_90, nvcc, TVM's fusion, v2 and v3;
+    every stitched kernel passed the static check (stitching raises otherwise) and is co-resident."""
+    fusion, lv = CUDA_LEVELS[level]
+    compiled = compile_model(tm.export(name, exporter), "cuda", fusion, arch="sm_90", level=lv,
+                             shapes=tm.input_shapes(name, BATCH))
+    r = compiled.report
+    assert r.nvcc["available"] and r.kernels and all(k.registers for k in r.kernels)
+    assert fusion == "tvm" or not r.fallback, r.fallback
+    for k in r.kernels:
+        assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
+        if k.cooperative:
+            assert k.grid[0] <= k.max_coresident, k

@@ -74,6 +74,30 @@ class Bert(nn.Module):
         return x, torch.tanh(self.pool(x[:, 0]))
 
 
+class HFBert(nn.Module):
+    """BERT in the forms of transformers' BertModel (SDPA attention): position ids and token
+    types from buffers sliced to the run-time length, and the 4-D mask of
+    ``_prepare_4d_attention_mask_for_sdpa`` (expand to [b, 1, s, s], invert, masked_fill with
+    the dtype's minimum). Exported, the Expand's shape is Shape arithmetic over ``input_ids``."""
+
+    def __init__(self, vocab=50, dim=32, heads=2, layers=2, max_len=16):
+        super().__init__()
+        self.word, self.pos, self.tok = nn.Embedding(vocab, dim), nn.Embedding(max_len, dim), nn.Embedding(2, dim)
+        self.register_buffer("position_ids", torch.arange(max_len).expand((1, -1)), persistent=False)
+        self.ln = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(EncoderLayer(dim, heads, 2 * dim) for _ in range(layers))
+        self.pool = nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        b, s = input_ids.size()
+        x = self.ln(self.word(input_ids) + self.pos(self.position_ids[:, 0:s]) + self.tok(token_type_ids))
+        inverted = 1.0 - attention_mask[:, None, None, :].expand(b, 1, s, s).to(x.dtype)
+        bias = inverted.masked_fill(inverted.to(torch.bool), torch.finfo(x.dtype).min)
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x, torch.tanh(self.pool(x[:, 0]))
+
+
 class ResNeXtBlock(nn.Module):
     def __init__(self, cin, cout, groups, width, stride):
         super().__init__()
@@ -277,6 +301,8 @@ SEQ = 8
 SPECS = {
     "bert": Spec(Bert, {"input_ids": ((BATCH, SEQ), "int64"), "attention_mask": ((BATCH, SEQ), "int64"),
                         "token_type_ids": ((BATCH, SEQ), "int64")}, ("hidden", "pooled")),
+    "hfbert": Spec(HFBert, {"input_ids": ((BATCH, SEQ), "int64"), "attention_mask": ((BATCH, SEQ), "int64"),
+                            "token_type_ids": ((BATCH, SEQ), "int64")}, ("hidden", "pooled")),
     "resnext": Spec(ResNeXt, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "efficientnet": Spec(EfficientNet, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "swin": Spec(Swin, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
@@ -333,10 +359,12 @@ def _export(name: str, exporter: str, path: str) -> None:
             axes = {0: "batch", 1: "seq"} if exporter == "legacy-seq" else {0: "batch"}
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, opset_version=17,
                               dynamic_axes={n: axes for n in names}, dynamo=False)
-        else:
-            batch = torch.export.Dim("batch", min=1, max=64)
+        else:  # dynamo-seq: the sequence axis (1) dynamic too, up to the models' 16 positions
+            dims = {0: torch.export.Dim("batch", min=1, max=64)}
+            if exporter == "dynamo-seq":
+                dims[1] = torch.export.Dim("seq", min=2, max=16)
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
-                              dynamic_shapes=tuple({0: batch} for _ in names), verbose=False)
+                              dynamic_shapes=tuple(dims for _ in names), verbose=False)
 
 
 def cache_dir() -> str:
@@ -347,7 +375,7 @@ def cache_dir() -> str:
 
 
 def export(name: str, exporter: str) -> str:
-    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq), exporting it on first use."""
+    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq|dynamo-seq), exporting it on first use."""
     path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
     if not os.path.exists(path):
         # Export under the final file name in a private folder (the dynamo exporter writes the
@@ -360,3 +388,52 @@ def export(name: str, exporter: str) -> str:
             os.replace(os.path.join(tmp, f), os.path.join(os.path.dirname(path), f))
         os.rmdir(tmp)
     return path
+
+
+# -- names in other exporters' styles -----------------------------------------------------------
+# TF/Keras (tf2onnx) and JAX (jax2tf) name every tensor by its layer path; torch's legacy
+# exporter's own names (``/layers.0/attn/Constant_3_output_0``, ``layers.0.attn.qkv.weight``)
+# are kept as they are. Renaming a torch export gives the same graph under each exporter's names.
+NAME_STYLES = ("torch", "tf", "jax")
+
+
+def _styled(style: str, index: int, name: str, op: str, initializer: bool) -> str:
+    name = name.replace("onnx::", "")   # "/layers.0/att/MatMul_output_0" or "layers.0.att.qkv.weight"
+    parts = name.split("/")[1:-1] if "/" in name else name.split(".")[:-1]
+    path = "/".join(parts).replace(".", "_") or "dense"
+    if style == "tf":   # tf2onnx: the Keras layer path, the TF op, the output index
+        return f"model/{path}_{index}/{'kernel' if initializer else op}:0"
+    # jax2tf: one flat function scope; constants are Const_N. Pairs of names that differ only in
+    # the characters C does not allow ("/" and ":") make the identifiers collide once sanitized.
+    sep = "/" if index % 2 == 0 else ":"
+    return f"jax2tf_fn_{sep}{'Const' if initializer else op}_{index // 2}"
+
+
+def rename(model, style: str):
+    """A copy of ``model`` with every tensor named in ``style`` (graph inputs and outputs too,
+    except in the torch style, which is the export as it is)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if style == "torch":
+        return out
+    g = out.graph
+    producers = {o: n.op_type for n in g.node for o in n.output}
+    inits = [t.name for t in g.initializer]
+    names = inits + [o for n in g.node for o in n.output if o and o not in inits]
+    mapping = {n: _styled(style, i, n, producers.get(n, "Const"), n in inits) for i, n in enumerate(names)}
+    for vi in g.input:
+        if vi.name not in mapping:
+            mapping[vi.name] = f"serving_default_{vi.name}:0" if style == "tf" else f"jax2tf_arg_{vi.name}:0"
+    for k, vi in enumerate(g.output):
+        mapping[vi.name] = f"StatefulPartitionedCall:{k}" if style == "tf" else f"jax2tf_fn_/Identity_{k}"
+    assert len(set(mapping.values())) == len(mapping), "renaming must keep tensors apart"
+    for t in g.initializer:
+        t.name = mapping[t.name]
+    for n in g.node:
+        n.input[:] = [mapping.get(x, x) for x in n.input]
+        n.output[:] = [mapping.get(x, x) for x in n.output]
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        vi.name = mapping.get(vi.name, vi.name)
+    return out

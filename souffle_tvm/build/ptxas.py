@@ -71,6 +71,23 @@ def parse_resource_usage(text: str) -> dict[str, KernelResources]:
     return out
 
 
+def first_errors(output: str, count: int = 4) -> str:
+    """The first ``count`` errors in nvcc's output, each with the source line nvcc quotes under
+    it: warnings come first and can run to hundreds of lines, so the tail may hold none. Output
+    with no line naming an error keeps its last 8 lines."""
+    lines = output.strip().splitlines()
+    hits = [i for i, line in enumerate(lines) if re.search(r"\berror\b", line, re.IGNORECASE)]
+    if not hits:
+        return "\n".join(lines[-8:])
+    shown: list[str] = []
+    for i in hits[:count]:
+        # nvcc's front end quotes the offending source line (and a caret line) after the message
+        context = [line for line in lines[i + 1:i + 3] if line.strip() and not re.search(r"\b(error|warning)\b", line)]
+        shown += [lines[i]] + context
+    more = len(hits) - count
+    return "\n".join(shown + ([f"... and {more} more error line(s)"] if more > 0 else []))
+
+
 def cache_key(source: str, arch: str) -> str:
     """One CUDA source for one arch: the name of its cached cubin and resource figures."""
     return hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:32]
@@ -86,8 +103,8 @@ def _compile(source: str, arch: str, timeout: float) -> dict[str, KernelResource
         cmd = [nvcc_path(), "-cubin", f"-arch={arch}", "--resource-usage", "-O3", "-o", str(out), str(cu)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-            raise ToolchainError(f"nvcc failed for {arch} (exit {proc.returncode}):\n{tail}")
+            raise ToolchainError(f"nvcc failed for {arch} (exit {proc.returncode}):\n"
+                                 + first_errors(proc.stderr + proc.stdout))
         if not is_elf(out):
             raise ToolchainError(f"nvcc exited 0 for {arch} but wrote no cubin ({out})")
         atomic_copy(out, cache_dir() / f"{key}.cubin")     # the temp dir may be on another file system

@@ -9,9 +9,10 @@ opaque Relax ops are emitted as they were and go through TVM's default path.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, te
 
-from ..core.ir_names import K_OPAQUE
+from ..core.ir_names import GROUP_PREFIX, K_OPAQUE
 from ..te import rewrite as te_rewrite
 from ..partition.groups import Group, Partition, group_outputs
 from ..te.program import TEProgram
@@ -74,7 +75,7 @@ def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule
                 func, externals = group_primfunc(g, outs)
                 if schedule is not None:
                     func = schedule(func)
-                gv = bb.add_func(func, f"souffle_{g.name}")
+                gv = bb.add_func(func, f"{GROUP_PREFIX}{g.name}")
                 args = [env[(x.op, x.value_index)] for x in externals]
                 sinfo = [relax.TensorType([int(d) for d in o.shape], str(o.dtype)) for o in outs]
                 call = relax.call_tir(gv, args, sinfo if len(sinfo) > 1 else sinfo[0])
@@ -90,11 +91,31 @@ def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule
 def _emit_opaque(bb: relax.BlockBuilder, g: Group, env: dict) -> None:
     o = g.opaque
     remap = {v: env[(t.op, t.value_index)] for v, t in o.inputs.items()}
+    # functions the call names (call_tir's PrimFunc) come along into the new module
+    # (never under a group's name: ``is_group_call`` tells the two apart by it)
+    remap.update({gv: bb.add_func(o.callees[gv.name_hint], gv.name_hint if not gv.name_hint.startswith(GROUP_PREFIX)
+                                  else f"imported_{gv.name_hint}")
+                  for gv in _global_vars(o.call) if gv.name_hint in o.callees})
     call = o.call
-    args = [remap.get(a, a) if isinstance(a, relax.Var) else a for a in call.args]
-    value = bb.emit(relax.Call(call.op, args, call.attrs, call.sinfo_args if hasattr(call, "sinfo_args") else None))
+    # variables are replaced inside tuple arguments too (call_tir's arguments are one tuple)
+    args = [tvm_ffi.structural_map(a, [((tvm.ir.Var, tvm.ir.GlobalVar), lambda v: remap.get(v, v))])
+            for a in call.args]
+    value = bb.emit(relax.Call(call.op, args, call.attrs, list(call.ty_args)))
     if len(o.outputs) == 1:
         env[(o.outputs[0].op, 0)] = value
     else:
         for i, t in enumerate(o.outputs):
             env[(t.op, 0)] = bb.emit(relax.TupleGetItem(value, i))
+
+
+def is_group_call(value) -> bool:
+    """Whether a binding's value in an emitted ``main`` calls a group's PrimFunc (not an opaque
+    op's ``call_tir`` of a function the import made)."""
+    return (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+            and isinstance(value.args[0], tvm.ir.GlobalVar) and value.args[0].name_hint.startswith(GROUP_PREFIX))
+
+
+def _global_vars(call: relax.Call) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(relax.Tuple(list(call.args)), (tvm.ir.GlobalVar, found.append))
+    return found

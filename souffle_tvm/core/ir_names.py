@@ -13,3 +13,4 @@ NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not use
 STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count
 STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
 PREFETCH = "souffle.prefetch"         # on a V4 L2 prefetch loop: a hint, no semantics
+GROUP_PREFIX = "souffle_"             # name prefix of every group PrimFunc main calls (opaque calls have others)

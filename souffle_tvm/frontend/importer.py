@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, onnx_control, onnx_fold, onnx_rnn
+from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_rnn
 from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
@@ -34,7 +34,12 @@ class TensorInfo:
 
 @dataclass
 class ImportedModel:
-    """A model in Relax: ``mod["main"]`` takes ``inputs`` then ``params`` (in that order)."""
+    """A model in Relax: ``mod["main"]`` takes ``inputs`` then ``params`` (in that order).
+
+    ``main``'s parameters are C identifiers (``names``); ``inputs`` keep the ONNX names, and
+    ``names`` maps each renamed parameter back to the name TVM's importer gave it (the ONNX name,
+    less an ``onnx::`` prefix).
+    """
 
     name: str
     mod: tvm.IRModule
@@ -42,6 +47,7 @@ class ImportedModel:
     inputs: list[TensorInfo]
     outputs: list[str]
     onnx_model: onnx.ModelProto = field(repr=False)
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
@@ -156,8 +162,45 @@ def check_operators(model: onnx.ModelProto) -> None:
         raise UnsupportedOperatorError(f"unsupported ONNX operator(s): {listed}")
 
 
-def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule, list[np.ndarray]]:
-    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed.
+def _as_tvm_reads_it(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` in the form TVM's importer reads correctly.
+
+    * Initializers are not graph inputs. Files of IR version 3 (early exporters, the classic
+      model-zoo CNNs) list every initializer among the inputs too, its value being the input's
+      default; TVM's importer then makes it a parameter twice (as an input and as a weight).
+    * Integer and bool initializers are ``Constant`` nodes. TVM's importer makes every
+      initializer a parameter (``keep_params_in_input``) and only some converters look a
+      parameter up as a constant; the others (``Expand``'s shape: transformers' attention mask
+      ``mask[:, None, None, :].expand(b, 1, s, s)``, whose shape the folding made an int64
+      initializer) build a dynamic-shape graph that cannot be folded or lowered. Shapes,
+      indices and masks are never weights.
+    """
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    ints = {t.name for t in g.initializer if np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"}
+    if not ints and not any(vi.name in inits for vi in g.input):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = [onnx.helper.make_node("Constant", [], [t.name], value=t) for t in g.initializer if t.name in ints]
+    keep = [t for t in g.initializer if t.name not in ints]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    inputs = [vi for vi in g.input if vi.name not in inits]
+    del g.input[:]
+    g.input.extend(inputs)
+    nodes = consts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    out.ir_version = max(out.ir_version, 4)     # initializers that are not inputs need IR version 4
+    return out
+
+
+def _bind_integer_params(mod: tvm.IRModule, params: dict, fold: bool = False) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """Bind integer/bool initializers (indices, shapes, masks) as constants and fold what they feed
+    (``fold``: fold constants even if none is left to bind, as when the model's integer
+    initializers reached the importer as constants already).
 
     They are not weights: exporters use them for Gather indices and shape arithmetic, which
     should fold at compile time rather than run as kernels.
@@ -173,6 +216,7 @@ def _bind_integer_params(mod: tvm.IRModule, params: dict) -> tuple[tvm.IRModule,
             keep.append(v.numpy())
     if bind:
         mod = relax.transform.BindParams("main", bind)(mod)
+    if bind or fold:
         mod = relax.transform.FoldConstant()(mod)
     return mod, keep
 
@@ -226,6 +270,12 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    converted, _ = onnx_bn.fold_batch_norms(converted)
+    # integer initializers fed FoldConstant when they were bound after the import; as constants
+    # they still do (the same folding, whichever way they arrive)
+    has_ints = any(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).kind in "iub"
+                   for t in converted.graph.initializer)
+    converted = _as_tvm_reads_it(converted)
     failure = None
     try:
         with _project_converters():
@@ -242,6 +292,13 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         # comes before our message instead of after it.
         gc.collect()
         raise UnsupportedOperatorError(failure)
-    mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod))
+    try:
+        mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod), fold=has_ints)
+    except Exception as err:  # noqa: BLE001 - TVM's folding asserts on shapes it cannot evaluate
+        raise UnsupportedOperatorError(
+            f"{name}: the imported graph keeps shapes known only at run time, which cannot be folded "
+            f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1][:200]}); give static input "
+            "shapes (--input-shapes) or export without data-dependent shapes") from None
+    mod, renamed = c_names.rename_params(mod)
     outputs = [o.name for o in model.graph.output]
-    return ImportedModel(name, mod, weights, inputs, outputs, model)
+    return ImportedModel(name, mod, weights, inputs, outputs, model, renamed)

@@ -67,12 +67,20 @@ _RUN_TIME_OPS = {"Shape", "Size", "If", "Loop", "Scan"}
 
 
 def needs_folding(model: onnx.ModelProto) -> bool:
-    """Whether the graph has run-time shape arithmetic or control flow for ``fold`` to resolve.
+    """Whether the graph has run-time shape arithmetic or control flow for ``fold`` to resolve,
+    or a shape-like input (pads, a new shape, repeats, ...) computed from constants by nodes:
+    torch's legacy exporter writes ``F.pad``'s amounts as ConstantOfShape/Concat/Reshape/Slice/
+    Transpose/Cast over constants, and TVM's importer takes any computed pads as dynamic.
 
     Graphs without any (hand-built or already simplified ones, the zoo's) go to TVM untouched,
     so folding never rewrites a model that imports as it is.
     """
-    return any(n.op_type in _RUN_TIME_OPS for n in model.graph.node)
+    graph = model.graph
+    if any(n.op_type in _RUN_TIME_OPS for n in graph.node):
+        return True
+    consts = constants(graph)
+    return any(pos < len(n.input) and n.input[pos] and n.input[pos] not in consts
+               for n in graph.node for pos in SHAPE_INPUTS.get(n.op_type, {}))
 
 
 def fold(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:

@@ -73,13 +73,28 @@ def partition_groups(prog: TEProgram) -> Partition:
     def producers(op) -> set:
         return {x.op for x in op.input_tensors if x.op not in placeholders}
 
+    def add_opaque(first) -> None:
+        """``first`` as a group, after the opaque ops whose results it reads (depth first)."""
+        stack = [(first, False)]
+        while stack:
+            o, ready = stack.pop()
+            if o.name in emitted_opaque:
+                continue
+            deps = [d for d in (opaque_of.get(t.op) for t in o.inputs.values())
+                    if d is not None and d.name not in emitted_opaque]
+            if ready or not deps:
+                emitted_opaque.add(o.name)
+                groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+            else:
+                stack.append((o, True))
+                stack.extend((d, False) for d in deps)
+
     for t in _partials_first(prog.stages()):
         op = t.op
         for p in {x.op for x in op.input_tensors}:   # opaque results this stage needs come first
             o = opaque_of.get(p)
-            if o is not None and o.name not in emitted_opaque:
-                emitted_opaque.add(o.name)
-                groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+            if o is not None:
+                add_opaque(o)
         current = groups[-1] if groups and groups[-1].opaque is None else None
         members = {m.op for m in current.members} if current else set()
         kind = analysis.classify(op)[0]
@@ -108,8 +123,7 @@ def partition_groups(prog: TEProgram) -> Partition:
                       else "one-to-one stage reads no data of the previous kernel")
         groups.append(Group([t], reason=reason))
     for o in prog.opaque:
-        if o.name not in emitted_opaque:
-            groups.append(Group(opaque=o, reason=f"opaque op ({o.reason})"))
+        add_opaque(o)
     return Partition(groups)
 
 

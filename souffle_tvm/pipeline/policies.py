@@ -122,7 +122,8 @@ def gemm_is_tiled(gemm: te.Tensor) -> bool:
 
 
 def is_call_tir(value) -> bool:
-    return isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+    """A group's call (opaque ops' own ``call_tir`` s are not groups)."""
+    return emit.is_group_call(value)
 
 
 class GroupCalls:

@@ -20,8 +20,8 @@ import tvm_ffi
 from tvm import tirx
 
 from . import dependence, rolling
-from .kernel_ir import accesses, decompose, has_barrier
-from .lower import LoweredStage
+from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
+from .lower import LoweredStage, wide_thread
 from ..core.ir_names import K_OPAQUE, STAGE_BLOCKS, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like
@@ -153,6 +153,14 @@ def _on_kernel_params(st: LoweredStage, keys: list, param_of: dict, tid: tirx.Va
         vmap[var] = cast_like(val, var)
     for var, val in decompose(tid, tord).items():
         vmap[var] = cast_like(val, var)
-    body = tvm_ffi.structural_map(st.body, (tirx.Var, lambda v: vmap.get(v, v)))
+    body = st.body
+    if allreduce_threads(body):
+        # TVM lowers a cross-thread reduction only over launch threads: a stage reducing over
+        # its one thread index, as wide as the kernel (``lower.why_not_stitchable`` lets no
+        # other form through), reduces over the kernel's own threadIdx.x.
+        var = wide_thread(st)
+        body = tvm_ffi.structural_map(body, (tvm.ir.Call, lambda c: tvm.ir.Call(
+            c.op, [tid if a.same_as(var) else a for a in c.args], ret_ty=c.ty) if op_name(c) == ALLREDUCE else c))
+    body = tvm_ffi.structural_map(body, (tirx.Var, lambda v: vmap.get(v, v)))
     return dependence.StageView(body, tid, st.num_blocks, st.num_threads)
 

@@ -110,6 +110,20 @@ def launch_var(func, tag: str):
     return None, 0
 
 
+ALLREDUCE = "tirx.tvm_thread_allreduce"
+
+
+def allreduce_threads(stmt) -> list:
+    """The thread arguments of every cross-thread reduction (``tvm_thread_allreduce``) in ``stmt``:
+    the thread variables it reduces over (TVM lowers it only where each one is a launch thread)."""
+    out: list = []
+    for call in calls_to(stmt, [ALLREDUCE]):
+        size = int(call.args[0].value)
+        # (size, sources..., condition, results..., thread vars...)
+        out += list(call.args[2 + 2 * size:])
+    return out
+
+
 def decompose(value, extents: list[tuple]) -> dict:
     """x, y, z coordinates of a linear id over (var, extent) pairs in x-fastest order."""
     out, stride = {}, 1

@@ -18,7 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .kernel_ir import has_barrier
+from .kernel_ir import allreduce_threads, has_barrier
 from ..errors import StitchError
 
 
@@ -112,7 +112,20 @@ def why_not_stitchable(func: tirx.PrimFunc, target: tvm.target.Target, block: in
     for st in stages:
         if st.num_threads > block or (st.num_threads < block and has_barrier(st.body)):
             return f"its schedule uses {st.num_threads} threads per block, the stitched kernel {block}"
+        reduced = allreduce_threads(st.body)
+        if reduced and not (st.num_threads == block and all(a.same_as(wide_thread(st)) for a in reduced)):
+            # TVM lowers tvm_thread_allreduce only over launch threads; the stitched kernel's one
+            # threadIdx.x stands for a stage's thread index only where it is as wide as the kernel
+            return (f"a cross-thread reduction over {', '.join(map(str, reduced))} of its "
+                    f"{' x '.join(f'{t}({e})' for t, (_, e) in st.threads.items())} threads, which the "
+                    f"{block}-thread stitched kernel does not launch")
     return None
+
+
+def wide_thread(stage: LoweredStage):
+    """The stage's one thread variable of extent above 1, or None if it has none or several."""
+    wide = [v for v, e in stage.threads.values() if e > 1]
+    return wide[0] if len(wide) == 1 else None
 
 
 def _peel(name: str, params: list, node) -> LoweredStage:

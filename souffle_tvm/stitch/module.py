@@ -16,6 +16,7 @@ from tvm import relax
 from . import lower, rolling
 from .check import SafetyReport, check
 from .kernel import stitch
+from ..codegen.emit import is_group_call
 from ..core.geometry import STITCH_BLOCK
 from ..errors import StitchError
 
@@ -84,8 +85,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     """
     main = mod["main"]
     bindings = [b for blk in main.body.blocks for b in blk.bindings]
-    call_pos = [i for i, b in enumerate(bindings)
-                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.call_tir"]
+    call_pos = [i for i, b in enumerate(bindings) if is_group_call(b.value)]
     member_of = {}
     for k, sp in enumerate(subprograms):
         if len(sp) > 1:

@@ -17,6 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
+from . import from_primfunc
 from ..errors import LoweringError
 
 
@@ -32,6 +33,9 @@ class OpaqueStage:
     inputs: dict              # relax.Var (argument of ``call``) -> te.Tensor it stands for
     outputs: list[te.Tensor]  # placeholders for the call's results (one per tuple field)
     reason: str
+    # functions of the imported module the call names (``call_tir``'s PrimFunc): name -> function,
+    # re-added to the module the call is emitted into
+    callees: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -59,8 +63,8 @@ class TEProgram:
                op_of: dict | None = None) -> "TEProgram":
         """The transformed program whose tensors are ``remap(old tensor)`` (outputs and the
         inputs of opaque ops), over the same inputs and constants."""
-        opaque = [OpaqueStage(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason)
-                  for o in self.opaque]
+        opaque = [OpaqueStage(o.name, o.call, {v: remap(t) for v, t in o.inputs.items()}, o.outputs, o.reason,
+                              o.callees) for o in self.opaque]
         return TEProgram(self.inputs, list(self.weights if weights is None else weights),
                          [remap(t) for t in self.outputs], dict(self.constants), opaque,
                          dict(self.op_of if op_of is None else op_of),
@@ -200,14 +204,14 @@ def lower(mod: tvm.IRModule, func_name: str = "main", weight_values: list | None
     with _intercept_call_te(capture):
         for block in func.body.blocks:
             for b in block.bindings:
-                _lower_binding(b, capture, prog)
+                _lower_binding(b, capture, prog, mod)
     result = capture.to_te(func.body.body)
     prog.outputs = result if isinstance(result, list) else [result]
     prog.constants = capture.constants
     return prog
 
 
-def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
+def _lower_binding(b, capture: _Capture, prog: TEProgram, mod: tvm.IRModule) -> None:
     value = b.value
     if isinstance(value, relax.TupleGetItem):
         capture.env[b.var] = capture.to_te(value.tuple_value)[value.index]
@@ -219,6 +223,8 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
         capture.env[b.var] = list(b.var.ty.values)   # a static shape (shape_of of a static tensor)
         return
     reason = None
+    if _call_tir_as_te(b, capture, prog, mod):
+        return
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         legalize = value.op.get_attr("FLegalize")
         if legalize is None:
@@ -243,14 +249,40 @@ def _lower_binding(b, capture: _Capture, prog: TEProgram) -> None:
             reason = reason or f"{value.op.name}: legalizes to a non-TE call"
     else:
         reason = f"{type(value).__name__} binding"
-    args = {}
+    args, callees = {}, {}
     if isinstance(value, relax.Call):
-        for a in value.args:
-            if isinstance(a, relax.Var) and a in capture.env and isinstance(capture.env[a], te.Tensor):
-                args[a] = capture.env[a]
+        # the variables it reads, also inside tuples (call_tir passes its arguments as one)
+        def note(v):
+            if isinstance(v, relax.Var) and v in capture.env and isinstance(capture.env[v], te.Tensor):
+                args[v] = capture.env[v]
+            elif isinstance(v, tvm.ir.GlobalVar) and v in mod.get_global_vars():
+                callees[v.name_hint] = mod[v]
+        tvm_ffi.structural_walk(relax.Tuple(list(value.args)), [(tvm.ir.Var, note), (tvm.ir.GlobalVar, note)])
     outs = _placeholders_for(b.var.name, b.var.ty)
     capture.env[b.var] = outs if isinstance(b.var.ty, relax.TupleType) else outs[0]
-    prog.opaque.append(OpaqueStage(b.var.name, value, args, outs, reason))
+    prog.opaque.append(OpaqueStage(b.var.name, value, args, outs, reason, callees))
+
+
+def _call_tir_as_te(b, capture: _Capture, prog: TEProgram, mod: tvm.IRModule) -> bool:
+    """A ``call_tir`` of a PrimFunc in ``mod`` that is one spatial loop nest becomes a TE stage
+    (``from_primfunc``); True if it did."""
+    value = b.value
+    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.call_tir"
+            and isinstance(value.args[0], tvm.ir.GlobalVar) and value.args[0] in mod.get_global_vars()):
+        return False
+    callee = mod[value.args[0]]
+    if not isinstance(callee, tvm.tirx.PrimFunc) or not isinstance(value.args[1], relax.Tuple):
+        return False
+    try:
+        args = [capture.to_te(a) for a in value.args[1].fields]
+    except KeyError:
+        return False
+    out = from_primfunc.as_te(callee, args)
+    if out is None:
+        return False
+    capture.env[b.var] = out
+    _record_ops(out, f"relax.call_tir {value.args[0].name_hint}", prog)
+    return True
 
 
 def _non_compute_op(result, prog: TEProgram) -> str | None:

@@ -39,7 +39,11 @@ def fold_weights(prog: TEProgram) -> FoldResult:
         for x in t.op.input_tensors:
             if x.op in weight_only and not any(x.op.same_as(f.op) and x.value_index == f.value_index for f in frontier):
                 frontier.append(x)
-    frontier += [t for t in prog.outputs if t.op in weight_only and t not in frontier]
+    # what opaque ops read counts too: a weight-only stage left for them alone would be a kernel
+    # of constant arguments, which TVM's FoldConstant then runs on the host (a CUDA PrimFunc fails)
+    for t in list(prog.outputs) + [t for o in prog.opaque for t in o.inputs.values()]:
+        if t.op in weight_only and not any(t.op.same_as(f.op) and t.value_index == f.value_index for f in frontier):
+            frontier.append(t)
     if not frontier:
         return FoldResult(prog)
 

@@ -220,7 +220,9 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
         def c_of(sp, c=c, axes=axes):
             return te_rewrite.substitute(c, {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}, load_fn)
 
-        base = names[op]
+        # the display name ("T_add_sum#1") keys the record; the new stages' names reach the
+        # generated code as buffer names, so they are C identifiers ("T_add_sum_1_partial")
+        shown, base = names[op], names[op].replace("#", "_")
         T = tirx.const(float(tile), dtype)
         key = _canonical(e, axes, k)
         if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
@@ -231,7 +233,7 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
                 q = atomic_sum(e_of, spatial, K, f"{base}_atomic_sq", key, square=True)
                 kf = tirx.const(float(K), dtype)
                 new_of[op] = [te.compute(spatial, _from_sums(s1, q, c_of, kf), name=f"{base}_from_sums")]
-            result.split[base] = form + " (atomic)"
+            result.split[shown] = form + " (atomic)"
             continue
         if form in ("sum", "max"):
             p = partial(form, e_of, shape, f"{base}_partial", key)
@@ -256,7 +258,7 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
             reducer = te.sum
 
         new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // tile), name=f"{base}_combine")]
-        result.split[base] = form
+        result.split[shown] = form
     if not result.split:
         return result
 
