@@ -127,11 +127,42 @@ def _backend(target: tvm.target.Target):
     return pipeline
 
 
+class _PassedOverIfRaising:
+    """A dlight rule that, where it raises, does not apply (the next rule is tried), as our own
+    rules are treated in ``codegen.schedule``. dlight's Matmul raises "There are some consumers
+    of the cache-write stage that are not properly inlined" on one of EfficientNet's fused
+    functions (torch exports, ``--fusion tvm`` on CUDA), which ended the whole build."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def is_target_available(self, target) -> bool:
+        return self.rule.is_target_available(target)
+
+    def apply(self, func, target, tunable):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception:  # noqa: BLE001 - dlight raises AssertionError/ScheduleError/...; Fallback follows
+            return None
+
+
+def _legalize_passes(p, target: tvm.target.Target) -> list:
+    from tvm.s_tir import dlight as dl
+
+    passes = list(p.legalize_passes(target))
+    if is_cuda(target) and passes and isinstance(passes[-1], tvm.transform.Pass) and "ApplyDefaultSchedule" in str(
+            passes[-1].info.name):
+        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
+        passes[-1] = dl.ApplyDefaultSchedule(*[dl.ScheduleRule.from_callable(type(r).__name__)(
+            _PassedOverIfRaising(r).apply) for r in rules], dl.gpu.Fallback())
+    return passes
+
+
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """First half of TVM's default pipeline: dispatch, legalize, FuseOps/FuseTIR (and dlight on CUDA)."""
     p = _backend(target)
     with target:
-        return tvm.transform.Sequential(p.library_dispatch_passes(target) + p.legalize_passes(target))(mod)
+        return tvm.transform.Sequential(p.library_dispatch_passes(target) + _legalize_passes(p, target))(mod)
 
 
 def lower_passes(target: tvm.target.Target) -> tvm.transform.Pass:
