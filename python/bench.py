@@ -63,15 +63,17 @@ def v4_from_v3(c, gpu: hardware.GPU) -> dict:
     return {"prefetched_bytes": planned, "derived_from": "v3"}
 
 
-def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool) -> list[dict]:
-    """One row per model: every configuration's launches, bytes, flops, estimate, times."""
+def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool, only: list[str] | None = None) -> list[dict]:
+    """One row per model: every configuration's (or ``only`` these) launches, bytes, flops,
+    estimates, times."""
     gpu = hardware.for_arch(arch)
-    rows, total, step = [], len(models) * len(CONFIGS), 0
+    configs = [c for c in CONFIGS if not only or c[0] in only]
+    rows, total, step = [], len(models) * len(configs), 0
     for name in models:
         dtype = zoo.MODELS[name].paper_dtype
         compulsory = roofline.compulsory_bytes(import_onnx(name, small=small, dtype=dtype))
         row = {"model": name, "dtype": dtype, "compulsory_bytes": compulsory}
-        for key, fusion, level in CONFIGS:
+        for key, fusion, level in configs:
             step += 1
             print(f"[{step}/{total}] {name} ({dtype}) {key} ...", end=" ", flush=True)
             t = time.perf_counter()
@@ -161,6 +163,8 @@ def markdown(result: dict) -> str:
              f"TVM {result['tvm']}, target {result['target']}, {result['machine']}. "
              f"Compiled at {'small' if result['small'] else 'full'} size. `est. ms` are roofline ESTIMATES for "
              f"{gpu} (souffle_tvm/report/roofline.py), not measurements; see docs/benchmarks.md.", "",
+             *[f"Rebuilt later ({r['date']}, `--configs {' '.join(r['configs'])}`): those columns come from "
+               f"that run, the others from the first." for r in result.get("rebuilt", [])],
              "## Launches, bytes and estimated latency: TVM vs Souffle V3", "",
              "| model | dtype | launches tvm | v3 | tvm / v3 | grid syncs v3 | MB tvm | MB v3 | GFLOP | "
              "est. ms tvm | est. ms v3 | tvm / v3 est. | est. floor ms | compile s tvm | v3 (+nvcc) |",
@@ -244,6 +248,8 @@ def main() -> int:
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU side-by-side timings")
     ap.add_argument("--reps", type=int, default=30, help="CPU timing: runs per configuration (at least 0.5 s)")
     ap.add_argument("--out", default=None, help="output folder (default results/bench-<date>)")
+    ap.add_argument("--configs", nargs="*", default=None, choices=[c[0] for c in CONFIGS],
+                    help="rebuild only these configurations into an existing --out (the others are kept)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -253,10 +259,24 @@ def main() -> int:
     result = {"date": stamp, "tvm": tvm.__version__, "target": f"cuda -arch={args.arch}", "small": args.small,
               "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only; CPU timings on llvm)",
               "gpu_estimates_for": hardware.for_arch(args.arch).name}
-    result["compile"] = compile_matrix(args.models, args.arch, args.small, not args.no_nvcc)
+    fresh = compile_matrix(args.models, args.arch, args.small, not args.no_nvcc, args.configs)
+    old = out / "bench.json"
+    if args.configs and old.exists():       # replace those configurations in the earlier result
+        kept = json.loads(old.read_text())
+        by_model = {r["model"]: r for r in fresh}
+        for r in kept["compile"]:
+            r.update({k: v for k, v in by_model.get(r["model"], {}).items() if k in args.configs})
+        kept.setdefault("rebuilt", []).append({"configs": args.configs, "date": stamp})
+        result = kept | {"plots": None}
+        result["compile"] = kept["compile"]
+    else:
+        result["compile"] = fresh
     if not args.no_cpu:
         result["cpu"] = cpu_side_by_side(args.models, args.reps)
-    result["seconds"] = round(time.perf_counter() - t0, 1)
+    if result.get("rebuilt") and args.configs:
+        result["rebuilt"][-1]["seconds"] = round(time.perf_counter() - t0, 1)
+    else:
+        result["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     try:
         import bench_plots

@@ -210,7 +210,7 @@ class StitchSubprograms:
         sizes = self.partitioner in ("budget", "time") or estimated
         facts = info.get("group_facts")     # the same groups stitched again (ptxas feedback): asked once
         if facts is None or (sizes and not facts.statements):
-            facts = policies.group_facts(calls, target, sizes=sizes)
+            facts = policies.group_facts(calls, target, sizes=sizes, unscheduled=info.get("unscheduled"))
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
@@ -224,7 +224,12 @@ class StitchSubprograms:
             # checks them against ptxas' figures and the driver re-stitches where they differ
             grids = {kernel_name(k): subprograms.estimated_grid(facts, idx, gpu)
                      for k, (idx, _) in enumerate(subs) if len(idx) > 1 and all(i in calls.call_index for i in idx)}
-        out, stitched = stitch_module(clean, target, calls.subprogram_calls(subs), grid=gpu.sms,
+        built = clean
+        if self.partitioner == "time":
+            # what stays alone is built as v2 builds it; ``clean`` (kept as "unstitched") keeps the
+            # stitchable schedules, so a ptxas-feedback restitch can still join any groups
+            built = policies.reschedule_alone(clean, info["unscheduled"], groups, subs, target)
+        out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])

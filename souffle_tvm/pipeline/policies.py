@@ -22,7 +22,7 @@ from tvm import relax, te, tirx
 
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, latency, measured, tir_stats
+from ..core import estimate, hardware, latency, measured, tir_stats
 from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
@@ -147,9 +147,12 @@ class GroupCalls:
 
 
 def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITCH_BLOCK,
-                sizes: bool = True) -> GroupFacts:
+                sizes: bool = True, unscheduled: tvm.IRModule | None = None) -> GroupFacts:
     """What the subprogram partitioner needs to know of every group (``sizes=False``: only
-    whether it can be stitched, all the "blocks" partitioner reads)."""
+    whether it can be stitched, all the "blocks" partitioner reads). ``unscheduled``: the same
+    groups before scheduling, whose flops and footprints the latency model reads (as the
+    report does; a schedule's extra blocks would count work twice)."""
+    raw = GroupCalls(unscheduled, calls.groups) if unscheduled is not None else None
     groups = calls.groups
     unstitchable = [None if g.opaque is not None else lower.why_not_stitchable(calls.func(i), target, block)
                     for i, g in enumerate(groups)]
@@ -171,18 +174,19 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
         statements.append(count[0])
         stages.append([estimate.stage(st.body) for st in lowered])
-        work.append(_work(func, lowered))
+        work.append(_work(func, lowered, raw.func(i) if raw is not None else func))
         keys.append(measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
                     if len(lowered) == 1 else None)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
     return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work, keys)
 
 
-def _work(func: tirx.PrimFunc, lowered: list) -> list[latency.Stage]:
-    """The latency model's view of a group's lowered stages: the function's bytes (its buffer
-    parameters) and flops counted on its first stage."""
+def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:
+    """The latency model's view of a group's lowered stages: the unscheduled function's
+    footprint and flops (counted on the first stage), the scheduled one's launch geometry."""
     tc = tir_stats.uses_tensor_cores(func)
-    nbytes, flops = tir_stats.primfunc_param_bytes(func), sum(tir_stats.block_flops(func).values())
+    nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
+    flops = sum(tir_stats.block_flops(unscheduled).values())
     written, elem = tir_stats.written_param_bytes(func), tir_stats.stored_element_bytes(func)
     return [latency.Stage(st.num_blocks, st.num_threads, nbytes if k == 0 else 0, flops if k == 0 else 0, tc,
                           written if k == 0 else 0, elem) for k, st in enumerate(lowered)]
@@ -209,3 +213,48 @@ def _repeats(calls: GroupCalls) -> list[int | None]:
         reads.append([("group", *maker[a]) if a in maker else ("ext", ExprKey(a))
                       for a in calls.calls[calls.call_index[i]].args[1].fields])
     return rolling.repeats(sigs, reads)
+
+
+def reschedule_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group],
+                     subprograms: list[tuple[list[int], str]], target: tvm.target.Target,
+                     gemm_k_tile: int | None = None) -> tvm.IRModule:
+    """Groups left as kernels of their own get the schedule v2 gives them (the default rules'
+    block size) instead of the stitched kernel's 256 threads where the latency model predicts
+    it faster; a function that is also a stage of a stitched subprogram keeps its stitchable
+    schedule."""
+    gpu = hardware.for_arch(str(target.attrs["arch"]))
+    calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
+
+    def gv_of(i: int):
+        return calls.calls[calls.call_index[i]].args[0]
+
+    stitched = {gv_of(i).name_hint for idx, _ in subprograms if len(idx) > 1 for i in idx if i in calls.call_index}
+    cache = ScheduleCache(target, None, gemm_k_tile)
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for idx, _ in subprograms:
+        i = idx[0]
+        if len(idx) != 1 or i not in calls.call_index or groups[i].opaque is not None:
+            continue
+        gv = gv_of(i)
+        if gv.name_hint not in stitched:
+            stitched.add(gv.name_hint)      # once per function
+            v2 = cache(raw.func(i)).func
+            now, alt = (_alone_seconds(f, raw.func(i), target, gpu) for f in (mod[gv], v2))
+            if alt is not None and (now is None or alt < now):
+                out.update_func(gv, v2)
+    return out
+
+
+def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, gpu) -> float | None:
+    """Predicted time of a scheduled group as kernels of its own under a CUDA graph (static
+    resource estimate); None where its launch form cannot be read."""
+    try:
+        lowered = lower.lower_stage("g", func, target)
+    except StitchError:
+        return None
+    total = 0.0
+    for st, low in zip(_work(func, lowered, unscheduled), lowered):
+        est = estimate.stage(low.body)
+        kernel = latency.Kernel("g", st.tiles, st.threads, est.registers, est.shared_bytes, (st,))
+        total += latency.kernel_time(gpu, latency.FITTED, kernel).seconds + latency.FITTED.node_us * 1e-6
+    return total
