@@ -10,11 +10,7 @@ arrays given to ``run --inputs``, at two (batch, sequence) sizes, through the CL
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,18 +19,13 @@ import pytest
 import torch_models as tm
 from souffle_tvm.frontend.importer import import_onnx
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import module_cli as cli
+
 SHAPES = [(2, 8), (3, 5)]
 # The default run covers each fusion and each shape once, on the legacy export; the rest: slow.
 DEFAULT = {("legacy-seq", "tvm", (3, 5)), ("legacy-seq", "souffle", (2, 8))}
 CASES = [pytest.param(e, f, s, marks=() if (e, f, s) in DEFAULT else pytest.mark.slow, id=f"{e}-{f}-{s[0]}x{s[1]}")
          for e in ("legacy-seq", "dynamo-seq") for f in ("tvm", "souffle") for s in SHAPES]
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "souffle_tvm.cli", "-q", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
 
 
 @pytest.mark.parametrize("exporter", ["legacy-seq", "dynamo-seq"])

@@ -8,7 +8,7 @@ import tvm
 from tvm import tirx
 import tvm_ffi
 
-from conftest import ZOO
+from conftest import ZOO, emulated_comparisons
 from souffle_tvm.runtime import emulate, races
 from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import kernel_ir
@@ -20,11 +20,7 @@ ORDERS = ("ascending", "descending", "shuffle:1")
 
 
 def _run_emulated(m, souffle, mod=None):
-    ex = tvm.compile(emulate.emulate_module(mod or souffle.mod, CUDA), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    return runner.compare(m.outputs, outs, ref)
+    return emulated_comparisons(m, mod or souffle.mod, souffle.params)
 
 
 @pytest.fixture(scope="module")

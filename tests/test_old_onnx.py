@@ -11,11 +11,7 @@ each listed initializer as a model input *and* a weight, and the user saw a bare
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from souffle_tvm.frontend.importer import import_onnx
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import module_cli as cli
+
 
 
 def old_cnn(flatten: str = "reshape", seed: int = 0) -> onnx.ModelProto:
@@ -76,12 +73,6 @@ def old_cnn(flatten: str = "reshape", seed: int = 0) -> onnx.ModelProto:
     model.ir_version = 3
     onnx.checker.check_model(model)
     return model
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "souffle_tvm.cli", "-q", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
 
 
 @pytest.mark.parametrize("flatten", ["reshape", "shape"])

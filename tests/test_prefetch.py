@@ -12,15 +12,14 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_tvm.pipeline import driver as api
-from souffle_tvm.runtime import emulate
 from souffle_tvm.core import hardware
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import prefetch
-from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
+from conftest import emulated_comparisons
 
 CUDA = make_target("cuda")
 
@@ -89,11 +88,7 @@ def test_v4_emulated_matches_the_reference_and_v3_kernel_count():
     m = import_onnx("mmoe", small=True, dtype="float32")
     souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v4"))
     assert sum(k.prefetched_bytes for k in souffle.stitched) > 0
-    ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for cmp in runner.compare(m.outputs, outs, ref):
+    for cmp in emulated_comparisons(m, souffle.mod, souffle.params):
         assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
     v3 = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     assert [k.stages for k in v3.stitched] == [k.stages for k in souffle.stitched]

@@ -7,7 +7,6 @@ import pytest
 import tvm
 from tvm import tirx
 
-from souffle_tvm.runtime import emulate
 from souffle_tvm.core import hardware
 from souffle_tvm.core.estimate import Estimate
 from souffle_tvm.partition import subprograms
@@ -15,12 +14,12 @@ from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import rolling
-from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.stitch.module import stitch_module
 from souffle_tvm.core.ir_names import STAGE_BLOCKS
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
+from conftest import emulated_comparisons
 
 CUDA = make_target("cuda")
 
@@ -36,11 +35,7 @@ def _rolled(func) -> list:
 
 
 def _emulated(m, souffle, mod):
-    ex = tvm.compile(emulate.emulate_module(mod, CUDA), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    return runner.compare(m.outputs, outs, ref)
+    return emulated_comparisons(m, mod, souffle.params)
 
 
 def test_lstm_time_steps_become_one_loop_per_layer(lstm):

@@ -27,12 +27,11 @@ import tvm
 from tvm import s_tir, te
 
 import torch_models as tm
-from conftest import needs_nvcc
+from conftest import emulated_comparisons, needs_nvcc
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.pipeline import results
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.runtime import emulate, runner
 from souffle_tvm.stitch import kernel_ir, lower
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,9 +99,5 @@ def test_bert256_stitched_kernels_reduce_across_threads_and_match_when_emulated(
     assert souffle.stitched and all(k.safety.ok for k in souffle.stitched)
     stitched = [souffle.mod[k.function or k.name] for k in souffle.stitched]
     assert any(kernel_ir.allreduce_threads(f.body) for f in stitched), "no cross-thread reduction was stitched"
-    ex = tvm.compile(emulate.emulate_module(souffle.mod, CUDA), target=make_target("llvm"))
-    feeds = runner.random_inputs(m.inputs, 0)
-    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for c in runner.compare(m.outputs, outs, ref):
+    for c in emulated_comparisons(m, souffle.mod, souffle.params):
         assert c.finite and c.rel_l2 < 1e-5, c

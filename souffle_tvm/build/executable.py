@@ -127,23 +127,20 @@ def _backend(target: tvm.target.Target):
     return pipeline
 
 
-class _PassedOverIfRaising:
+def _passed_over_if_raising(rule):
     """A dlight rule that, where it raises, does not apply (the next rule is tried), as our own
     rules are treated in ``codegen.schedule``. dlight's Matmul raises "There are some consumers
     of the cache-write stage that are not properly inlined" on one of EfficientNet's fused
     functions (torch exports, ``--fusion tvm`` on CUDA), which ended the whole build."""
+    from tvm.s_tir import dlight as dl
 
-    def __init__(self, rule):
-        self.rule = rule
-
-    def is_target_available(self, target) -> bool:
-        return self.rule.is_target_available(target)
-
-    def apply(self, func, target, tunable):
+    def apply(func, target, tunable):
         try:
-            return self.rule.apply(func, target, tunable)
+            return rule.apply(func, target, tunable)
         except Exception:  # noqa: BLE001 - dlight raises AssertionError/ScheduleError/...; Fallback follows
             return None
+
+    return dl.ScheduleRule.from_callable(type(rule).__name__)(apply)
 
 
 def _legalize_passes(p, target: tvm.target.Target) -> list:
@@ -152,9 +149,9 @@ def _legalize_passes(p, target: tvm.target.Target) -> list:
     passes = list(p.legalize_passes(target))
     if is_cuda(target) and passes and isinstance(passes[-1], tvm.transform.Pass) and "ApplyDefaultSchedule" in str(
             passes[-1].info.name):
+        # TVM 0.27's own rule list (relax/backend/cuda/pipeline.py), each passed over where it raises
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
-        passes[-1] = dl.ApplyDefaultSchedule(*[dl.ScheduleRule.from_callable(type(r).__name__)(
-            _PassedOverIfRaising(r).apply) for r in rules], dl.gpu.Fallback())
+        passes[-1] = dl.ApplyDefaultSchedule(*[_passed_over_if_raising(r) for r in rules], dl.gpu.Fallback())
     return passes
 
 

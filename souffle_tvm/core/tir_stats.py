@@ -14,6 +14,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .latency import Stage
+
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min)
 # Transcendentals and friends count as one operation each (the usual roofline convention).
 _MATH_CALLS = {"tirx.exp", "tirx.exp2", "tirx.log", "tirx.tanh", "tirx.sigmoid", "tirx.erf", "tirx.sqrt",
@@ -214,3 +216,12 @@ def written_param_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of the buffer parameters ``func`` stores to: its outputs."""
     stored = kernel_stored_buffers(func)
     return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape") and p.name in stored)
+
+
+def work_stages(func: tirx.PrimFunc, geometry: list[tuple[int, int]], nbytes: int, flops: int) -> list[Stage]:
+    """The latency model's stages (``core.latency.Stage``) of ``func``'s launch regions, given as
+    (tiles, threads): ``nbytes``, ``flops`` and the bytes ``func`` stores count on the first
+    region; whether it uses tensor cores and its stored element size on all."""
+    tc, elem, written = uses_tensor_cores(func), stored_element_bytes(func), written_param_bytes(func)
+    return [Stage(tiles, threads, nbytes if k == 0 else 0, flops if k == 0 else 0, tc, written if k == 0 else 0, elem)
+            for k, (tiles, threads) in enumerate(geometry)]

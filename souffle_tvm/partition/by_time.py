@@ -55,11 +55,13 @@ class Timer:
         known = self.measured.seconds(keys[g] if g < len(keys) else None)
         if known is not None:
             return known + self.node
-        total = 0.0
-        for st, est in zip(self.facts.work[g], self.facts.stages[g]):
-            k = latency.Kernel("g", st.tiles, st.threads, est.registers, est.shared_bytes, (st,))
-            total += latency.kernel_time(self.gpu, self.c, k).seconds + self.node
-        return total
+        return self.alone(self.facts.work[g], self.facts.stages[g])
+
+    def alone(self, work: list[latency.Stage], estimates: list[estimate.Estimate]) -> float:
+        """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""
+        return sum(latency.kernel_time(self.gpu, self.c, latency.Kernel("g", st.tiles, st.threads, est.registers,
+                                                                        est.shared_bytes, (st,))).seconds + self.node
+                   for st, est in zip(work, estimates))
 
     def stage(self, g: int, s: int, slots: int) -> float:
         key = (g, s, slots)
@@ -124,18 +126,19 @@ class _Window:
 
 def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: dict,
             forced: dict[int, str] | None = None, constants: latency.Constants = latency.FITTED,
-            measured: MeasuredTimes | None = None,
+            measured: MeasuredTimes | None = None, timer: Timer | None = None,
             max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
             max_groups: int = MAX_GROUPS_PER_SUBPROGRAM) -> list[tuple[list[int], str]]:
     """The partition into subprograms that minimises predicted time (see the module doc).
 
     ``facts`` must carry ``work`` and ``stages`` (``pipeline.policies.group_facts``); ``forced``
     maps a group to the reason a boundary must follow it (ptxas feedback); ``measured``: GPU
-    times that win over the model's (default: none). Returns (group indices, the reason for the
-    boundary that ends the subprogram)."""
+    times that win over the model's (default: none); ``timer``: one already made (it caches stage
+    times; the pipeline reuses it after partitioning). Returns (group indices, the reason for
+    the boundary that ends the subprogram)."""
     forced = forced or {}
     n = len(groups)
-    timer = Timer(facts, gpu, constants, measured=measured)
+    timer = timer or Timer(facts, gpu, constants, measured=measured)
     producers = producers_of(groups, readers)
     rep = facts.repeat_of or [None] * n
     size = facts.statements or [1] * n

@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 
 from ..codegen import emit
-from ..core import hardware
+from ..core import hardware, latency
 from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
 from ..errors import SouffleError
@@ -214,8 +214,8 @@ class StitchSubprograms:
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
-            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced,
-                                   measured=MeasuredTimes.load())
+            timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
+            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer)
         else:
             subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
                                          forced=self.feedback.forced)
@@ -228,7 +228,7 @@ class StitchSubprograms:
         if self.partitioner == "time":
             # what stays alone is built as v2 builds it; ``clean`` (kept as "unstitched") keeps the
             # stitchable schedules, so a ptxas-feedback restitch can still join any groups
-            built = policies.reschedule_alone(clean, info["unscheduled"], groups, subs, target)
+            built = policies.reschedule_alone(clean, info["unscheduled"], groups, subs, target, timer)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids)
         if mod.attrs is not None and PARAMS in mod.attrs:

@@ -22,11 +22,12 @@ from tvm import relax, te, tirx
 
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, hardware, latency, measured, tir_stats
+from ..core import estimate, latency, measured, tir_stats
 from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
+from ..partition import by_time
 from ..partition.groups import Group
 from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
@@ -183,13 +184,10 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
 
 def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:
     """The latency model's view of a group's lowered stages: the unscheduled function's
-    footprint and flops (counted on the first stage), the scheduled one's launch geometry."""
-    tc = tir_stats.uses_tensor_cores(func)
+    footprint and flops (as the report counts them), the scheduled one's launch geometry."""
     nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
-    flops = sum(tir_stats.block_flops(unscheduled).values())
-    written, elem = tir_stats.written_param_bytes(func), tir_stats.stored_element_bytes(func)
-    return [latency.Stage(st.num_blocks, st.num_threads, nbytes if k == 0 else 0, flops if k == 0 else 0, tc,
-                          written if k == 0 else 0, elem) for k, st in enumerate(lowered)]
+    return tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
+                                 sum(tir_stats.block_flops(unscheduled).values()))
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:
@@ -216,19 +214,19 @@ def _repeats(calls: GroupCalls) -> list[int | None]:
 
 
 def reschedule_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group],
-                     subprograms: list[tuple[list[int], str]], target: tvm.target.Target,
+                     subprograms: list[tuple[list[int], str]], target: tvm.target.Target, timer: by_time.Timer,
                      gemm_k_tile: int | None = None) -> tvm.IRModule:
     """Groups left as kernels of their own get the schedule v2 gives them (the default rules'
     block size) instead of the stitched kernel's 256 threads where the latency model predicts
-    it faster; a function that is also a stage of a stitched subprogram keeps its stitchable
-    schedule."""
-    gpu = hardware.for_arch(str(target.attrs["arch"]))
+    it faster (``timer``: the partitioner's, which already timed the stitchable schedule); a
+    function that is also a stage of a stitched subprogram keeps its stitchable schedule."""
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
 
     def gv_of(i: int):
         return calls.calls[calls.call_index[i]].args[0]
 
-    stitched = {gv_of(i).name_hint for idx, _ in subprograms if len(idx) > 1 for i in idx if i in calls.call_index}
+    keep = {gv_of(i).name_hint for idx, _ in subprograms if len(idx) > 1 for i in idx if i in calls.call_index}
+    seen: set[str] = set()
     cache = ScheduleCache(target, None, gemm_k_tile)
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for idx, _ in subprograms:
@@ -236,25 +234,21 @@ def reschedule_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[
         if len(idx) != 1 or i not in calls.call_index or groups[i].opaque is not None:
             continue
         gv = gv_of(i)
-        if gv.name_hint not in stitched:
-            stitched.add(gv.name_hint)      # once per function
-            v2 = cache(raw.func(i)).func
-            now, alt = (_alone_seconds(f, raw.func(i), target, gpu) for f in (mod[gv], v2))
-            if alt is not None and (now is None or alt < now):
-                out.update_func(gv, v2)
+        if gv.name_hint in keep or gv.name_hint in seen:
+            continue
+        seen.add(gv.name_hint)
+        v2 = cache(raw.func(i)).func
+        alt = _alone_seconds(v2, raw.func(i), target, timer)
+        if alt is not None and alt < timer.separate(i):
+            out.update_func(gv, v2)
     return out
 
 
-def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, gpu) -> float | None:
+def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, timer: by_time.Timer) -> float | None:
     """Predicted time of a scheduled group as kernels of its own under a CUDA graph (static
     resource estimate); None where its launch form cannot be read."""
     try:
         lowered = lower.lower_stage("g", func, target)
     except StitchError:
         return None
-    total = 0.0
-    for st, low in zip(_work(func, lowered, unscheduled), lowered):
-        est = estimate.stage(low.body)
-        kernel = latency.Kernel("g", st.tiles, st.threads, est.registers, est.shared_bytes, (st,))
-        total += latency.kernel_time(gpu, latency.FITTED, kernel).seconds + latency.FITTED.node_us * 1e-6
-    return total
+    return timer.alone(_work(func, lowered, unscheduled), [estimate.stage(low.body) for low in lowered])

@@ -6,11 +6,13 @@ Each function reads plain data: the ``BuildResult`` of ``build.executable``, ptx
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import tirx
 
 from ..build.executable import BuildResult, DeviceKernel
 from ..codegen.database import schedule_source
-from ..core import tir_stats
+from ..core import latency, tir_stats
 from ..core.hardware import for_arch, occupancy
 from ..core.targets import describe
 from ..errors import CoresidencyError
@@ -112,15 +114,16 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     own, its bytes and flops (a stage function lowered to several launch regions counts them
     on its first), and whether it runs on tensor cores."""
     plan = []
-    for st, (tiles, threads) in zip(sk.stage_ids, sk.geometry):
+    for st, geometry in zip(sk.stage_ids, sk.geometry):
         first = st.region in (None, 0)
+        nbytes = sum(result.footprints.get(st.function, {}).values()) if first else 0
+        flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         func = stage_funcs.get(st.function)
-        plan.append({"tiles": tiles, "threads": threads,
-                     "bytes": sum(result.footprints.get(st.function, {}).values()) if first else 0,
-                     "written_bytes": tir_stats.written_param_bytes(func) if first and func is not None else 0,
-                     "flops": sum(result.flops.get(st.function, {}).values()) if first else 0,
-                     "tensor_core": bool(func is not None and tir_stats.uses_tensor_cores(func)),
-                     "elem_bytes": tir_stats.stored_element_bytes(func) if func is not None else 4})
+        stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
+                 else latency.Stage(*geometry, nbytes, flops))
+        if not first:      # only a function's first region carries what it stores
+            stage = dataclasses.replace(stage, written_bytes=0)
+        plan.append(dataclasses.asdict(stage))
     return plan
 
 
