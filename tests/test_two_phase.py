@@ -2,6 +2,8 @@
 first phase block-local: numerics on the CPU twin and on the emulated stitched kernel, the
 barriers placed, and planted faults caught."""
 
+import re
+
 import pytest
 import tvm
 import tvm_ffi
@@ -13,7 +15,7 @@ from souffle_tvm.runtime import emulate
 from souffle_tvm.frontend import importer as frontend
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.pipeline.policies import gemm_is_tiled
+from souffle_tvm.pipeline.policies import gemm_tile
 from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.te import program as te_program
@@ -26,9 +28,9 @@ CUDA = make_target("cuda")
 KINDS = ["softmax", "layernorm"]
 
 
-def gemm_then(kind: str, rows: int = 128, d: int = 256):
+def gemm_then(kind: str, rows: int = 128, d: int = 256, dtype: str = "float32"):
     """x @ W + b + r followed by a softmax or a LayerNorm over the last axis."""
-    g = GraphBuilder(f"gemm_{kind}")
+    g = GraphBuilder(f"gemm_{kind}", dtype=dtype)
     x, r = g.input("x", [1, rows, d]), g.input("r", [1, rows, d])
     y = g.op("Add", [g.linear(x, d, d), r])
     y = g.op("Softmax", [y], axis=-1) if kind == "softmax" else g.layer_norm(y, d)
@@ -36,8 +38,8 @@ def gemm_then(kind: str, rows: int = 128, d: int = 256):
     return g.model()
 
 
-def _program(model):
-    m = frontend.import_onnx(model)
+def _program(model, dtype: str = "float32"):
+    m = frontend.import_onnx(model, dtype=dtype)
     prog = te_program.lower(m.mod, weight_values=m.params)
     return vertical(horizontal(prog).program).program
 
@@ -45,25 +47,34 @@ def _program(model):
 @pytest.mark.parametrize("kind,forms", [("softmax", {"T_softmax_maxelem": "max", "T_softmax_expsum": "sum-exp"}),
                                         ("layernorm", {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"})])
 def test_reductions_after_a_gemm_are_split(kind, forms):
-    res = two_phase(_program(gemm_then(kind)), gemm_is_tiled)
+    res = two_phase(_program(gemm_then(kind)), gemm_tile)
     assert res.split == forms
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
     assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
 
 
 def test_rows_that_do_not_tile_are_kept_with_the_reason():
-    res = two_phase(_program(gemm_then("layernorm", rows=96)), gemm_is_tiled)
-    assert not res.split and all("does not tile by 64" in why for why in res.kept.values())
+    res = two_phase(_program(gemm_then("layernorm", rows=96)), gemm_tile)
+    assert not res.split and res.kept and all("96 rows are not a whole number of 64-row GEMM tiles" in why
+                                              for why in res.kept.values())
+    res = two_phase(_program(gemm_then("layernorm", d=64)), gemm_tile)     # one 64-column tile per row
+    assert not res.split and res.kept and all("rows of 64 are not two or more 64-column" in why
+                                              for why in res.kept.values())
 
 
 def test_the_transform_decides_from_the_predicate_it_is_handed():
     """two_phase is pure: whether a GEMM's tiles can be shared is the caller's answer."""
     prog = _program(gemm_then("softmax"))
     asked = []
-    res = two_phase(prog, lambda gemm: asked.append(gemm.op.name) or False)
+    res = two_phase(prog, lambda gemm: asked.append(gemm.op.name))
     assert asked and not res.split
-    assert all("not scheduled in the tiles" in why for why in res.kept.values())
-    assert two_phase(prog, lambda gemm: True).split
+    assert all("not scheduled in tiles a partial can share" in why for why in res.kept.values())
+    assert two_phase(prog, lambda gemm: (64, 64)).split
+    # the partials take the tile they are handed: 32 rows per block, 4 partials of 64 columns
+    res = two_phase(prog, lambda gemm: (32, 64))
+    partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
+    assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} == {(32, 64)}
+    assert all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -255,3 +266,86 @@ def test_atomic_kernel_compiles_with_nvcc():
 def test_atomics_racing_their_zero_fill_are_caught(atomic_layernorm):
     problems = _problems_without_grid_sync(atomic_layernorm[1], 0)
     assert any("atomic_sum" in p and "no grid sync" in p for p in problems), problems
+
+
+# -- tensor-core GEMMs (fp16): partials in the 64 x 128 warp tiles -------------------------------
+def test_fp16_reductions_split_in_the_tensor_core_tiles():
+    """An fp16 GEMM gets the tensor-core schedule, whose blocks write 64 x 128 tiles: the partials
+    take that tile (64 rows per block, 128 columns each: 2 per 256-wide row)."""
+    prog = _program(gemm_then("layernorm", dtype="float16"), "float16")
+    mm = next(t for t in prog.stages() if t.op.name == "matmul")
+    assert gemm_tile(mm) == (64, 128)
+    res = two_phase(prog, gemm_tile)
+    assert res.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
+    partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
+    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 2] for t in partials)
+    assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} \
+        == {(64, 128)}
+
+
+@pytest.fixture(scope="module", params=["deterministic", "atomic"])
+def fp16_stitched(request):
+    """GEMM -> LayerNorm in fp16 (the LayerNorm's sums in fp32), stitched at v3 in either form."""
+    m = frontend.import_onnx(gemm_then("layernorm", dtype="float16"), dtype="float16")
+    return request.param, m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3", reduction=request.param))
+
+
+def test_fp16_partials_are_block_local_to_the_tensor_core_gemm(fp16_stitched):
+    form, _, s = fp16_stitched
+    (k,) = s.stitched
+    assert k.safety.ok and k.grid_syncs >= 1
+    if form == "deterministic":
+        assert s.two_phase.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
+        # tensor-core GEMM | block barrier | both partials | grid sync | combine + normalise
+        assert _barriers(s.mod[k.name]) == ["stage", "block", "stage", "grid", "stage"]
+    else:
+        assert s.two_phase.split == {"T_add_sum": "sum (atomic)", "T_add_var_sum": "sum-sq (atomic)"}
+        assert dependence.atomic_targets(s.mod[k.function].body)
+
+
+def test_fp16_two_phase_kernel_emulated_matches_without_a_race(fp16_stitched):
+    """Both forms through the race-checking emulator, blocks ascending and descending, against
+    onnxruntime (measured: rel. L2 1.7e-3 in both forms and orders; fp16 GEMM)."""
+    from souffle_tvm.runtime import races
+
+    _, m, s = fp16_stitched
+    emu = races.Emulation(s.mod, CUDA)
+    feeds = runner.random_inputs(m.inputs, 0)
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for order in ("ascending", "descending"):
+        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), s.params, order)
+        assert report.ok, str(report)
+        for cmp in runner.compare(m.outputs, outs, ref):
+            assert cmp.finite and cmp.rel_l2 < 1e-2, (order, cmp)
+
+
+# -- the latency model's verdict ------------------------------------------------------------------
+def test_the_latency_model_keeps_a_split_it_predicts_slower():
+    """Under the time-driven partitioner the judge decides, and says both figures. One thread per
+    tile row in the GEMM's 8 blocks (64 x 64 tiles) reads the rows far slower than a row reduction per block."""
+    m = frontend.import_onnx(gemm_then("layernorm"))
+    s = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", partitioner="time"))
+    assert not s.two_phase.split and set(s.two_phase.kept) == {"T_add_sum", "T_add_var_sum"}
+    for why in s.two_phase.kept.values():
+        assert why.startswith("the latency model predicts the split slower") and "GEMM's 8 tiles" in why
+        split_us, whole_us = (float(x) for x in re.findall(r"([0-9.]+) us", why))
+        assert split_us > whole_us
+
+
+def test_split_pays_when_the_partials_outnumber_the_rows():
+    """The judge's figures on hand-sized cases: a few long rows (64 rows of 131072) split over
+    2048 GEMM tiles gain the parallelism a row-per-block reduction lacks; BERT-base's attention
+    rows (4608 of 384) do not."""
+    from souffle_tvm.pipeline.policies import split_pays
+    from souffle_tvm.transforms.two_phase import Candidate
+
+    assert split_pays(Candidate("long", "sum", 64, 131072, (64, 64), 4, 4, 1)) is None
+    why = split_pays(Candidate("short", "sum", 4608, 384, (64, 64), 2, 4, 1))
+    assert why is not None and "predicts the split slower" in why
+
+
+def test_the_report_carries_the_split_and_kept_reductions():
+    compiled = compile_model(gemm_then("layernorm"), "llvm", "souffle", level="v3")
+    assert compiled.report.fallback is None
+    assert compiled.report.reductions == {"split": {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}, "kept": {}}
+    assert "two-phase reductions: 2 split, 0 kept whole" in compiled.report.table()

@@ -7,6 +7,7 @@ importing the other (a transform must not import code generation to learn a tag'
 PARTIAL_TAG = "souffle_partial"       # te.compute tag of a two-phase reduction's first phase
 ATOMIC_ATTR = "souffle_atomic"        # ... on a first phase accumulated with atomics (AtomicRows)
 TILE_ATTR = "souffle_partial_tile"    # the GEMM tile width a first-phase stage reduces
+ROW_TILE_ATTR = "souffle_partial_rows"  # ... and the GEMM tile's row count (one block's rows)
 K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
 SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used

@@ -102,6 +102,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             assemble.add_souffle_decisions(report, result, level, souffle.partition, souffle.program,
                                            souffle.subprograms, souffle.stitched, souffle.schedule_notes,
                                            souffle.rule_failures, souffle.unstitched)
+            assemble.add_reductions(report, souffle.two_phase)
             if database is not None:
                 report.database = database
                 assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)

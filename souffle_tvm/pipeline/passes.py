@@ -127,11 +127,13 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
     return _transform_pass("souffle.VerticalFusion", vertical, "vertical", vertical.__doc__)
 
 
-def TwoPhaseReduction(atomic: bool = False) -> tvm.transform.Pass:  # noqa: N802
+def TwoPhaseReduction(atomic: bool = False, judged: bool = False) -> tvm.transform.Pass:  # noqa: N802
     """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
-    ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA)."""
+    ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA); ``judged``: only where the
+    latency model predicts the split faster (``policies.split_pays``)."""
+    judge = policies.split_pays if judged else None
     return _transform_pass("souffle.TwoPhaseReduction",
-                           lambda prog: two_phase(prog, policies.gemm_is_tiled, atomic=atomic),
+                           lambda prog: two_phase(prog, policies.gemm_tile, atomic=atomic, judge=judge),
                            "two_phase", two_phase.__doc__)
 
 
@@ -275,7 +277,9 @@ def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None
     options.check(target)
     stitching = options.stitches(target)
     steps = [LowerToTE(params)] if lower else []
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic"),
+    # the time-driven partitioner's objective judges the two-phase splits too
+    judged = options.partitioner == "time"
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic", judged),
               PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
                                options.gemm_k_tile if stitching else None, database)]
     if stitching:

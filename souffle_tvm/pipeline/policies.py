@@ -8,8 +8,8 @@ per group, and hands the answers down as data:
   (V2 schedule feedback; ``partition.kernels.split_unschedulable`` acts on it);
 * ``group_facts``: per group whether it can be stitched, its size, the static resource
   estimate of its stages, its signature and repeats (``partition.subprograms.GroupFacts``);
-* ``gemm_is_tiled``: whether a GEMM's stitched schedule writes the tiles a two-phase partial
-  can share (``transforms.two_phase`` takes it as its predicate).
+* ``gemm_tile``: the output tile a GEMM's stitched schedule writes per block, which a two-phase
+  partial can share (``transforms.two_phase`` takes it as its predicate).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from tvm import relax, te, tirx
 
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, latency, measured, tir_stats
-from ..core.geometry import MATMUL_THREADS, STITCH_BLOCK
+from ..core import estimate, hardware, latency, measured, tir_stats
+from ..codegen.rules import TensorCoreMatmul
+from ..core.geometry import MATMUL_THREADS, MATMUL_TILE, STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
@@ -33,6 +34,7 @@ from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
 from ..stitch import lower
 from ..stitch.module import ExprKey
+from ..transforms.two_phase import Candidate
 
 
 class ScheduleCache:
@@ -100,26 +102,69 @@ class ScheduleCache:
         return None
 
 
-_TILED: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer
+_TILES: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer
 
 
-def gemm_is_tiled(gemm: te.Tensor) -> bool:
-    """Whether the stitched GEMM schedule lays ``gemm`` out in ``core.geometry.MATMUL_TILE``
-    tiles of 16x16 threads (not, e.g., dlight's tensor-core variant); only then can a two-phase
-    partial be block-local to it. Decided for CUDA, whatever the target, so the CPU twin runs the
-    same program."""
+def gemm_tile(gemm: te.Tensor) -> tuple[int, int] | None:
+    """The output tile (rows, columns) one block of ``gemm``'s stitched schedule writes, or
+    None when it has no such tile a two-phase partial could share: ``core.geometry.MATMUL_TILE``
+    squares of 16x16 SIMT threads (``Matmul``), or the tensor-core rule's warp tile
+    (``TensorCoreMatmul``, fp16: 64 x 128). Decided for CUDA, whatever the target, so the CPU
+    twin runs the same program. The stitcher still proves each partial block-local (else it
+    keeps a grid sync): this answer only says where a proof can succeed."""
     func, _ = emit.group_primfunc(Group([gemm]), [gemm])
     key = tvm_ffi.structural_hash(func)
-    if key not in _TILED:
-        target = make_target("cuda")
-        try:
-            done = schedule.schedule_group(func, target, STITCH_BLOCK)
-            stages = lower.lower_stage("gemm", done.func, target) if done.rule == "Matmul" else []
-        except (ScheduleError, StitchError):
-            stages = []
-        _TILED[key] = len(stages) == 1 and {e for _, e in stages[0].threads.values()} == {MATMUL_THREADS} \
-            and set(stages[0].threads) == {"threadIdx.x", "threadIdx.y"}
-    return _TILED[key]
+    if key not in _TILES:
+        _TILES[key] = _tile_of(func, make_target("cuda"))
+    return _TILES[key]
+
+
+def _tile_of(func: tirx.PrimFunc, target) -> tuple[int, int] | None:
+    try:
+        done = schedule.schedule_group(func, target, STITCH_BLOCK)
+        stages = lower.lower_stage("gemm", done.func, target) if done.rule in _TILE_RULES else []
+    except (ScheduleError, StitchError):
+        return None
+    if len(stages) != 1:
+        return None
+    threads = stages[0].threads
+    if done.rule == "Matmul":
+        square = set(threads) == {"threadIdx.x", "threadIdx.y"} and {e for _, e in threads.values()} == {MATMUL_THREADS}
+        return (MATMUL_TILE, MATMUL_TILE) if square else None
+    return _TILE_RULES[done.rule].tile
+
+
+# the stitched GEMM rules whose blocks write one dense output tile each
+_TILE_RULES = {"Matmul": None, "TensorCoreMatmul": TensorCoreMatmul()}
+
+
+def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
+               constants: latency.Constants = latency.FITTED) -> str | None:
+    """None when the latency model predicts ``candidate`` faster split in two; else why it is kept,
+    with both figures (an estimate).
+
+    Both forms have the grid sync after the GEMM (before the combine, or before the row
+    reduction), so they differ in two stages: split, the partials run in the GEMM's blocks
+    (one tile each, one thread per tile row) and a combine reduces them, a row per block;
+    whole, one row reduction per block reads the rows. Both run on a stitched kernel's
+    resident blocks (256 threads, grid-stride)."""
+    gpu = gpu or hardware.for_arch(str(make_target("cuda").attrs["arch"]))
+    c = candidate
+    tile_rows, parts = c.tile[0], c.length // c.tile[1]
+    row_bytes = c.rows * c.length * c.elem_bytes
+    partial_bytes = c.partials * c.rows * parts * c.partial_bytes
+    whole = [latency.Stage(c.rows, STITCH_BLOCK, row_bytes + c.rows * c.partial_bytes, c.partials * c.rows * c.length)]
+    split = [latency.Stage(c.rows // tile_rows * parts, tile_rows, row_bytes + partial_bytes, c.partials * c.rows * c.length),
+             latency.Stage(c.rows, STITCH_BLOCK, partial_bytes + c.rows * c.partial_bytes, c.partials * c.rows * parts)]
+    slots = gpu.sms * max(1, gpu.threads_per_sm // STITCH_BLOCK)
+
+    def us(stages):
+        return sum(latency.stage_time(gpu, constants, st, slots, persistent=True).seconds for st in stages) * 1e6
+    whole_us, split_us = us(whole), us(split)
+    if split_us < whole_us:
+        return None
+    return (f"the latency model predicts the split slower: {split_us:.1f} us for partials in the GEMM's "
+            f"{split[0].tiles} tiles and a combine, {whole_us:.1f} us as one row reduction (estimate)")
 
 
 def is_call_tir(value) -> bool:

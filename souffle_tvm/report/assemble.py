@@ -158,6 +158,13 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
 
 
+def add_reductions(report: Report, two_phase) -> None:
+    """The two-phase transform's record: each row reduction split (its form) and each other
+    GEMM-fed row reduction with why it was kept whole."""
+    if two_phase is not None:
+        report.reductions = {"split": dict(two_phase.split), "kept": dict(two_phase.kept)}
+
+
 def add_schedule_sources(report: Report, mod, unstitched, stitched: list) -> None:
     """Per kernel: did its schedule come from the tuning database or from the default rules
     (a stitched kernel counts its stages)."""

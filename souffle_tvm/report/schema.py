@@ -42,6 +42,8 @@ database           the tuning database the compile read (``--database``), else n
 rule_failures      souffle only: how many times a schedule rule raised on a group (candidates the
                    partitioner then split included) and the next rule was tried; a final
                    group's ``schedule_notes`` names the rules passed over for it and why
+reductions         souffle v3/v4: the two-phase transform's record, ``split`` (reduction ->
+                   form) and ``kept`` (each other GEMM-fed row reduction -> why it stayed whole)
 =================  ==========================================================================
 """
 
@@ -101,6 +103,7 @@ class Report:
     rule_failures: int = 0               # souffle: schedule rules that raised (and were passed over)
     latency: dict | None = None          # CUDA: the latency model's prediction (an estimate)
     cuda_graph: dict | None = None       # built with TVM's CUDA-graph rewriting: replays, launches in/outside
+    reductions: dict | None = None       # souffle v3+: two-phase {"split": {name: form}, "kept": {name: why}}
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -170,6 +173,11 @@ class Report:
         if self.subprograms:
             lines.append(f"subprograms ({len(self.subprograms)}, each one kernel when stitchable) end because:")
             lines += _reason_counts(self.subprograms)
+        if self.reductions and (self.reductions["split"] or self.reductions["kept"]):
+            red = self.reductions
+            lines.append(f"two-phase reductions: {len(red['split'])} split, {len(red['kept'])} kept whole"
+                         + (" because:" if red["kept"] else ""))
+            lines += _reason_counts([{"reason": why} for why in red["kept"].values()])
         return "\n".join(lines)
 
 

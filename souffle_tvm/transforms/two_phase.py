@@ -2,9 +2,10 @@
 
 A reduction over the last axis of a GEMM's output (softmax's max and exp-sum, LayerNorm's sum
 and variance) would wait, after a grid sync, for whole rows. Split in two, its first phase
-reduces each ``tile``-wide slice of a row — exactly the slice one GEMM thread block wrote
-(``core.geometry.MATMUL_TILE``), so the stitcher can prove it block-local and drop the grid sync in
-between — into a partial buffer ``P[..., j]``; after one grid sync, the second phase combines
+reduces each ``cols``-wide slice of a row — exactly the slice one GEMM thread block wrote
+(its ``rows x cols`` output tile: 64 x 64 on SIMT threads, 64 x 128 on tensor cores), so the
+stitcher can prove it block-local and drop the grid sync in between — into a partial buffer
+``P[..., j]``; after one grid sync, the second phase combines
 the partials of a row. Deterministic (a fixed combine order), and exact in real arithmetic:
 
 * ``sum``/``max`` of an expression of the row element: partial sums/maxima, combined the same way;
@@ -19,6 +20,7 @@ Any other reduction, or one whose shape does not tile, is left as it was, with t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -27,10 +29,29 @@ import tvm_ffi
 from tvm import te, tirx
 
 from ..te import analysis, rewrite as te_rewrite
-from ..core.geometry import MATMUL_TILE
-from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG, TILE_ATTR
+from ..core import tir_stats
+from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
 from ..te.program import TEProgram
 
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A reduction two_phase can split, as a judge sees it: ``rows`` rows of ``length`` elements
+    of ``elem_bytes`` each (the row element's GEMM output), the GEMM's ``tile`` (rows, cols),
+    ``partials`` partial buffers of ``partial_bytes`` elements it writes per tile (2 for the
+    variance and softmax's denominator) and its form."""
+    name: str
+    form: str
+    rows: int
+    length: int
+    tile: tuple[int, int]
+    elem_bytes: int
+    partial_bytes: int
+    partials: int
+
+
+Judge = Callable[[Candidate], "str | None"]     # None: split it; else why not
 
 
 @dataclass
@@ -81,12 +102,16 @@ def _gemm_fed(expr, k) -> list[te.Tensor]:
             and analysis.classify(t.op)[0] == analysis.REDUCTION and idx and _is_var(idx[-1], k)]
 
 
-def _match(op, stages_by_op: dict, gemm_is_tiled: Callable[[te.Tensor], bool]) -> tuple:
-    """(form, e, c) for a splittable reduction — e the row-element expression, c the row
-    constant — or (None, why, None); why is None when the stage is no GEMM-fed row reduction."""
+GemmTile = Callable[[te.Tensor], "tuple[int, int] | None"]
+
+
+def _match(op, stages_by_op: dict, gemm_tile: GemmTile) -> tuple:
+    """(form, e, c, tile) for a splittable reduction — e the row-element expression, c the row
+    constant, tile its GEMM's (rows, cols) block tile — or (None, why, None, None); why is None
+    when the stage is no GEMM-fed row reduction."""
     kind = _reducer_kind(op) if len(op.reduce_axis) == 1 and op.num_outputs == 1 else None
     if kind is None:
-        return None, None, None
+        return None, None, None, None
     axes = [ax.var for ax in op.axis]
     k = op.reduce_axis[0].var
     src = op.body[0].source[0]
@@ -98,19 +123,28 @@ def _match(op, stages_by_op: dict, gemm_is_tiled: Callable[[te.Tensor], bool]) -
             src = te_rewrite.body_at(t.op, t.value_index, axes + [k])
     gemms = _gemm_fed(src, k)
     if not gemms:
-        return None, None, None
-    if not all(gemm_is_tiled(g) for g in gemms):
-        return None, "its GEMM is not scheduled in the tiles a partial can share", None
+        return None, None, None, None
+    tiles = {gemm_tile(g) for g in gemms}
+    if not all(tiles):
+        return None, "its GEMM is not scheduled in tiles a partial can share", None, None
+    if len(tiles) > 1:
+        return None, f"its GEMMs write different tiles {sorted(tiles)}", None, None
+    (tile,) = tiles
     if _row_element(src, axes, k):
-        return kind, src, None
+        return kind, src, None, tile
     if kind == "sum" and isinstance(src, tirx.Mul) and tvm_ffi.structural_equal(src.a, src.b) \
             and isinstance(src.a, tirx.Sub) and _row_element(src.a.a, axes, k) and _row_constant(src.a.b, axes):
-        return "sum-sq", src.a.a, src.a.b
+        return "sum-sq", src.a.a, src.a.b, tile
     if kind == "sum" and isinstance(src, tvm.ir.Call) and getattr(src.op, "name", "") == "tirx.exp" \
             and isinstance(src.args[0], tirx.Sub) and _row_element(src.args[0].a, axes, k) \
             and _row_constant(src.args[0].b, axes):
-        return "sum-exp", src.args[0].a, src.args[0].b
-    return None, "its body is not a row element, (e - c)^2 or exp(e - c)", None
+        return "sum-exp", src.args[0].a, src.args[0].b, tile
+    return None, "its body is not a row element, (e - c)^2 or exp(e - c)", None, None
+
+
+def _elem_bytes(e) -> int:
+    """Bytes of the widest element the row element loads (what a pass over the row reads)."""
+    return max((tir_stats.dtype_bytes(t.dtype) for t, _ in te_rewrite.loads(e)), default=4)
 
 
 def _canonical(e, axes: list, k) -> str:
@@ -136,13 +170,17 @@ def _combine_fn(combine, reducer, parts: int):
     return f
 
 
-def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile: int | None = None,
-              atomic: bool = False) -> TwoPhaseResult:
-    """Split every GEMM-fed row reduction whose row length and row count tile by ``tile``.
+def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge: Judge | None = None) -> TwoPhaseResult:
+    """Split every GEMM-fed row reduction whose row count and row length tile by its GEMM's
+    block tile, in at least two partials per row.
 
-    ``gemm_is_tiled(gemm)``: whether the GEMM's schedule writes ``tile``-wide block tiles that a
-    partial can share (the code generator knows; ``pipeline.policies.gemm_is_tiled`` asks it).
-    Only those reductions are split: elsewhere a partial would need a grid sync anyway.
+    ``gemm_tile(gemm)``: the (rows, cols) output tile one block of the GEMM's schedule writes,
+    which a partial can share, or None (the code generator knows; ``pipeline.policies.gemm_tile``
+    asks it). Only those reductions are split: elsewhere a partial would need a grid sync anyway.
+
+    ``judge(candidate)``: None to split a reduction that can be split, else the reason it is
+    kept (``pipeline.policies.split_pays`` asks the latency model); without one, every candidate
+    is split.
 
     ``atomic`` (CUDA): fp32 sums — and the variance, as ``E[x^2]``-style sums — accumulate
     straight into their row results with ``atomicAdd`` (``ATOMIC_ATTR`` stages, built by
@@ -150,7 +188,6 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
     additions, hence the rounding, is then not fixed. Max and softmax's exp-sum stay
     deterministic (no float atomic for them)."""
 
-    tile = tile or MATMUL_TILE
     stages = prog.stages()
     stages_by_op = {t.op: t for t in stages}
     names = analysis.stage_names(stages)
@@ -161,7 +198,7 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
     def load_fn(tensor, idx):
         return new_of[tensor.op][tensor.value_index](*idx) if tensor.op in new_of else None
 
-    def atomic_sum(e_of, spatial, K, name: str, key_expr, square: bool = False):
+    def atomic_sum(e_of, spatial, K, name: str, key_expr, tile, square: bool = False):
         """A[...] = sum over the row of e (or e^2): a plain reduction in TE, accumulated with
         atomics per GEMM tile on CUDA."""
         kind = "atomic-sq" if square else "atomic-sum"
@@ -174,33 +211,43 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
             return te.sum(v * v if square else v, axis=kr)
 
         partials[kind, key_expr] = te.compute(spatial, f, name=name, tag=PARTIAL_TAG,
-                                              attrs={TILE_ATTR: tile, ATOMIC_ATTR: 1})
+                                              attrs={TILE_ATTR: tile[1], ROW_TILE_ATTR: tile[0], ATOMIC_ATTR: 1})
         return partials[kind, key_expr]
 
-    def partial(kind: str, e_of, shape, name: str, key_expr, extra=None):
-        """P[..., j] = reduce_{kk < tile} of the row element at k = j*tile + kk."""
+    def partial(kind: str, e_of, shape, name: str, key_expr, tile, extra=None):
+        """P[..., j] = reduce_{kk < cols} of the row element at k = j*cols + kk."""
         if (kind, key_expr) in partials:
             return partials[kind, key_expr]
+        rows, cols = tile
 
         def f(*idx):
-            kk = te.reduce_axis((0, tile), name="kk")
-            kidx = idx[-1] * tirx.const(tile, str(idx[-1].ty)) + kk.var
+            kk = te.reduce_axis((0, cols), name="kk")
+            kidx = idx[-1] * tirx.const(cols, str(idx[-1].ty)) + kk.var
             value = e_of(list(idx[:-1]), kidx)
             if extra is not None:
                 value = extra(list(idx), value)
             return (te.max if kind == "max" else te.sum)(value, axis=kk)
 
-        partials[kind, key_expr] = te.compute(shape, f, name=name, tag=PARTIAL_TAG, attrs={TILE_ATTR: tile})
+        partials[kind, key_expr] = te.compute(shape, f, name=name, tag=PARTIAL_TAG,
+                                              attrs={TILE_ATTR: cols, ROW_TILE_ATTR: rows})
         return partials[kind, key_expr]
 
     for t in stages:
         op = t.op
-        form, e, c = _match(op, stages_by_op, gemm_is_tiled)
+        form, e, c, tile = _match(op, stages_by_op, gemm_tile)
         if form is not None:
             K = int(op.reduce_axis[0].dom.extent)
             spatial = [int(ax.dom.extent) for ax in op.axis]
-            if K % tile or K // tile < 2 or not spatial or spatial[-1] % tile:
-                form, e = None, f"row length {K} or row count {spatial[-1] if spatial else 0} does not tile by {tile}"
+            rows, cols = tile
+            if not spatial or spatial[-1] % rows:
+                form, e = None, f"its {spatial[-1] if spatial else 0} rows are not a whole number of {rows}-row GEMM tiles"
+            elif K % cols or K // cols < 2:
+                form, e = None, f"its rows of {K} are not two or more {cols}-column GEMM tiles"
+            elif judge is not None:
+                why = judge(Candidate(names[op], form, math.prod(spatial), K, tile, _elem_bytes(e),
+                                      tir_stats.dtype_bytes(t.dtype), 1 if form in ("sum", "max") else 2))
+                if why is not None:
+                    form, e = None, why
         if form is None:
             if e is not None:
                 result.kept[names[op]] = e
@@ -210,7 +257,7 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
         axes = [ax.var for ax in op.axis]
         k = op.reduce_axis[0].var
         dtype = str(t.dtype)
-        shape = spatial + [K // tile]
+        shape = spatial + [K // cols]
 
         def e_of(sp, kidx, e=e, axes=axes, k=k):
             vmap = {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}
@@ -223,25 +270,25 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
         # the display name ("T_add_sum#1") keys the record; the new stages' names reach the
         # generated code as buffer names, so they are C identifiers ("T_add_sum_1_partial")
         shown, base = names[op], names[op].replace("#", "_")
-        T = tirx.const(float(tile), dtype)
+        T = tirx.const(float(cols), dtype)
         key = _canonical(e, axes, k)
         if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
-            s1 = atomic_sum(e_of, spatial, K, f"{base}_atomic_sum", key)
+            s1 = atomic_sum(e_of, spatial, K, f"{base}_atomic_sum", key, tile)
             if form == "sum":
                 new_of[op] = [s1]
             else:   # sum((e - c)^2) = sum(e^2) - 2 c sum(e) + K c^2
-                q = atomic_sum(e_of, spatial, K, f"{base}_atomic_sq", key, square=True)
+                q = atomic_sum(e_of, spatial, K, f"{base}_atomic_sq", key, tile, square=True)
                 kf = tirx.const(float(K), dtype)
                 new_of[op] = [te.compute(spatial, _from_sums(s1, q, c_of, kf), name=f"{base}_from_sums")]
             result.split[shown] = form + " (atomic)"
             continue
         if form in ("sum", "max"):
-            p = partial(form, e_of, shape, f"{base}_partial", key)
+            p = partial(form, e_of, shape, f"{base}_partial", key, tile)
             combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
             reducer = te.max if form == "max" else te.sum
         elif form == "sum-sq":
-            s = partial("sum", e_of, shape, f"{base}_partial_sum", key)
-            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key,
+            s = partial("sum", e_of, shape, f"{base}_partial_sum", key, tile)
+            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key, tile,
                          extra=lambda idx, v, s=s: (v - s(*idx) / T) * (v - s(*idx) / T))
 
             def combine(sp, j, s=s, m2=m2, c_of=c_of):
@@ -249,15 +296,15 @@ def two_phase(prog: TEProgram, gemm_is_tiled: Callable[[te.Tensor], bool], tile:
                 return m2(*sp, j) + T * d * d
             reducer = te.sum
         else:   # sum-exp
-            m = partial("max", e_of, shape, f"{base}_partial_max", key)
-            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key,
+            m = partial("max", e_of, shape, f"{base}_partial_max", key, tile)
+            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key, tile,
                          extra=lambda idx, v, m=m: tirx.exp(v - m(*idx)))
 
             def combine(sp, j, m=m, es=es, c_of=c_of):
                 return es(*sp, j) * tirx.exp(m(*sp, j) - c_of(sp))
             reducer = te.sum
 
-        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // tile), name=f"{base}_combine")]
+        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols), name=f"{base}_combine")]
         result.split[shown] = form
     if not result.split:
         return result

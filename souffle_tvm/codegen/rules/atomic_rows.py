@@ -7,7 +7,7 @@ import math
 import tvm
 from tvm import s_tir, tirx
 
-from ...core.ir_names import ATOMIC_ATTR, TILE_ATTR
+from ...core.ir_names import ATOMIC_ATTR, ROW_TILE_ATTR, TILE_ATTR
 from ...te.rewrite import cast_like
 from .base import CUDAScheduleRule
 
@@ -33,14 +33,15 @@ class AtomicRows(CUDAScheduleRule):
         if not realizes or not all(ATOMIC_ATTR in (r.block.annotations or {}) for r in realizes):
             return None
         first = realizes[0].block
-        tile = int(first.annotations[TILE_ATTR])
+        tile = int(first.annotations[TILE_ATTR])                    # columns per GEMM tile
+        rows = int(first.annotations.get(ROW_TILE_ATTR, tile))     # rows per GEMM tile
         spatial = [iv for iv in first.iter_vars if int(iv.iter_type) == 0]
         reduce = [iv for iv in first.iter_vars if int(iv.iter_type) == 2]
         if len(reduce) != 1 or not spatial:
             return None
         ext = [int(iv.dom.extent) for iv in spatial]
         k_ext = int(reduce[0].dom.extent)
-        if ext[-1] % tile or k_ext % tile:
+        if ext[-1] % rows or k_ext % tile:
             return None
         lead = math.prod(ext[:-1])
         i32 = lambda v: tirx.const(v, "int32")  # noqa: E731
@@ -67,7 +68,7 @@ class AtomicRows(CUDAScheduleRule):
         bx, by, tx = tirx.Var("blockIdx_x", "int32"), tirx.Var("blockIdx_y", "int32"), tirx.Var("threadIdx_x", "int32")
         kk = tirx.Var("kk", "int32")
         parts = k_ext // tile
-        row = [*coords(tirx.floordiv(by, i32(parts)), ext[:-1]), bx * i32(tile) + tx]
+        row = [*coords(tirx.floordiv(by, i32(parts)), ext[:-1]), bx * i32(rows) + tx]
         k = tirx.floormod(by, i32(parts)) * i32(tile) + kk
         body = []
         for r in realizes:
@@ -84,8 +85,8 @@ class AtomicRows(CUDAScheduleRule):
                               tirx.BufferStore(acc, tirx.BufferLoad(acc, [i32(0)]) + value, [i32(0)])),
                      tirx.Evaluate(tvm.backend.cuda.op.cuda_atomic_add(
                          tirx.address_of(tirx.BufferLoad(store.buffer, row)), tirx.BufferLoad(acc, [i32(0)])))]
-        adds = launch("blockIdx.x", bx, ext[-1] // tile, launch("blockIdx.y", by, lead * parts,
-                      launch("threadIdx.x", tx, tile, tirx.SeqStmt(body))))
+        adds = launch("blockIdx.x", bx, ext[-1] // rows, launch("blockIdx.y", by, lead * parts,
+                      launch("threadIdx.x", tx, rows, tirx.SeqStmt(body))))
         out = tirx.PrimFunc(func.params, tirx.SeqStmt([zero, adds]), attrs=func.attrs)
         # A block-free function is a valid Schedule (``sch.mod["main"]`` is ``out`` unchanged),
         # so the driver reads this rule's result like any other rule's.

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ...core.ir_names import ATOMIC_ATTR, TILE_ATTR
+from ...core.ir_names import ATOMIC_ATTR, ROW_TILE_ATTR, TILE_ATTR
 from .base import CUDAScheduleRule
 
 
 class PartialRows(CUDAScheduleRule):
     """The first phase of a two-phase reduction (``transforms.two_phase``), laid out like the
     GEMM that feeds it: block (x = row tile, y = the leading axes fused with the column tile),
-    one thread per row of the tile, the tile's columns reduced serially. Each block then reads
+    one thread per row of the tile (``ROW_TILE_ATTR``), the tile's columns reduced serially. Each block then reads
     exactly the tile the same-numbered GEMM block wrote, which the stitcher can prove.
 
     Applies to functions whose blocks all carry the same ``TILE_ATTR`` and none ``ATOMIC_ATTR``
@@ -25,9 +25,9 @@ class PartialRows(CUDAScheduleRule):
         tiles = {int(sch.get(b).annotations.get(TILE_ATTR, 0)) for b in blocks}
         if len(tiles) != 1 or 0 in tiles or any(ATOMIC_ATTR in sch.get(b).annotations for b in blocks):
             return None
-        (tile,) = tiles
+        rows_per_tile = int(sch.get(blocks[0]).annotations.get(ROW_TILE_ATTR, tiles.pop()))
         *lead, rows, col, red = sch.get_loops(blocks[0])
-        ro, ri = sch.split(rows, [None, tile])
+        ro, ri = sch.split(rows, [None, rows_per_tile])
         sch.reorder(ro, *lead, col, ri, red)
         by = sch.fuse(*lead, col) if lead else col
         sch.bind(ro, "blockIdx.x")

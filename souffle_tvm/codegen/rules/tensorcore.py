@@ -36,6 +36,11 @@ class TensorCoreMatmul(CUDAScheduleRule):
     def threads(self) -> int:
         return self.warps_m * self.warps_n * 32
 
+    @property
+    def tile(self) -> tuple[int, int]:
+        """The output tile one block writes (rows x columns): the one a two-phase partial shares."""
+        return MICRO * self.warps_m * self.frags, MICRO * self.warps_n * self.frags
+
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target,  # noqa: C901 - dlight's steps
               tunable: bool) -> s_tir.Schedule | None:
         from tvm.s_tir.dlight.analysis import get_root_block
@@ -81,8 +86,7 @@ class TensorCoreMatmul(CUDAScheduleRule):
         register_tensor_intrinsics(target)
         from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
-        sch.pad_einsum(main_block, [1, MICRO * self.warps_m * self.frags, MICRO * self.warps_n * self.frags,
-                                    MICRO * self.k_frags])
+        sch.pad_einsum(main_block, [1, *self.tile, MICRO * self.k_frags])
         block = main_block
         batch, i, j, k = sch.get_loops(block)
         i, i_inner = sch.split(i, factors=[None, MICRO])
