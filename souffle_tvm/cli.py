@@ -40,8 +40,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     _input_args(p)
     p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
                    help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
-    p.add_argument("--level", default="v2",
-                   help="souffle pipeline level: v0 no transforms, v1 + horizontal, v2 + vertical (default), "
+    p.add_argument("--level", default="auto",
+                   help="souffle pipeline level: auto (default) = v3 with the time-driven partitioner, and on "
+                        "CUDA TVM's own build instead where the latency model predicts it faster; "
+                        "v0 no transforms, v1 + horizontal, v2 + vertical, "
                         "v3 + two-phase reductions and stitched cooperative kernels, "
                         "v4 + L2 prefetch of each stitched kernel's next-segment inputs")
     p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
@@ -50,9 +52,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", default="deterministic", choices=["deterministic", "atomic"],
                    help="v3 on CUDA: two-phase reductions with a partial buffer and a combine (default), "
                         "or fp32 sums accumulated with atomicAdd")
-    p.add_argument("--partitioner", default="budget", choices=["budget", "time", "blocks"],
+    p.add_argument("--partitioner", default=None, choices=["budget", "time", "blocks"],
                    help="v3: budget = boundaries only where a resource or the compile-time budget forces one "
-                        "(default); time = also where the latency model predicts separate kernels faster; "
+                        "(the default of an explicit --level v3/v4); time = also where the latency model "
+                        "predicts separate kernels faster (the default of --level auto); "
                         "blocks = one kernel per attention / FFN block")
 
 

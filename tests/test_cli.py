@@ -72,8 +72,10 @@ def test_souffle_compile_and_analyze(tmp_path):
     proc = cli("compile", "bert", "--small", "--target", "cuda", "--fusion", "souffle", "--no-nvcc",
                "--report", "s.json", cwd=tmp_path)
     report = json.loads((tmp_path / "s.json").read_text())
-    assert report["fusion"] == "souffle" and report["level"] == "v2" and report["groups"]
-    assert "boundaries" in proc.stdout
+    # the default level, auto: v3 with the time-driven partitioner, compared with TVM's own build
+    assert report["fusion"] == "souffle" and report["level"] == "v3" and report["groups"] and not report["fallback"]
+    assert report["latency"]["graph_ms"] <= report["latency"]["tvm_graph_ms"]
+    assert "boundaries" in proc.stdout and "TVM's own kernels, built to compare" in proc.stdout
     out = cli("analyze", "bert", "--small", "--json", "a.json", cwd=tmp_path).stdout
     assert "reduction" in out and "vertical transform" in out
     data = json.loads((tmp_path / "a.json").read_text())

@@ -106,6 +106,24 @@ def test_time_driven_v3_is_predicted_no_slower_than_v2_or_v3(name):
                                        "compile-time", "adding"))
                for s in timed.subprograms)
 
+def test_the_default_keeps_the_build_predicted_faster():
+    """``--level auto`` builds Souffle's v3 (time-driven) and TVM's own and keeps the faster under
+    a CUDA graph; planting a slower prediction on Souffle's build makes TVM's the one returned,
+    the fallback giving both figures."""
+    from souffle_tvm.pipeline import driver
+
+    auto = driver.compile("mmoe", "cuda", "souffle", small=True)
+    assert auto.report.level == "v3" and auto.report.fallback is None
+    assert auto.report.latency["graph_ms"] <= auto.report.latency["tvm_graph_ms"]
+    ours = driver.compile("mmoe", "cuda", "souffle", small=True, level="v3", partitioner="time")
+    theirs = driver.compile("mmoe", "cuda", "tvm", small=True)
+    ours.report.latency["graph_ms"] = theirs.report.latency["graph_ms"] * 2
+    chosen = driver._faster_of(ours, theirs)
+    assert chosen is theirs and chosen.report.fusion == "souffle"
+    assert chosen.report.fallback.startswith("the latency model predicts TVM's own kernels faster")
+    assert chosen.report.latency["souffle_graph_ms"] == ours.report.latency["graph_ms"]
+
+
 def test_a_measured_time_moves_a_boundary(tmp_path):
     from souffle_tvm.core.measured import MeasuredTimes
 

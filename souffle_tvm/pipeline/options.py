@@ -5,12 +5,14 @@ v0 no transforms, v1 + horizontal, v2 + vertical (one kernel per anchor group, n
 v3 + two-phase reductions and stitching (each subprogram of groups becomes ONE cooperative
 kernel with grid syncs; CUDA only: on llvm, the CPU twin, v3 builds the same groups as loop
 nests), v4 + each stitched kernel prefetches the inputs of its next segment into L2 before the
-grid sync that precedes it (on llvm v4 is v3).
+grid sync that precedes it (on llvm v4 is v3). ``auto``, the default of ``compile`` and the
+command line: v3 with the time-driven partitioner (on llvm its CPU twin), and on CUDA the
+build the latency model predicts faster of that and TVM's own (``pipeline.driver``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 
@@ -28,6 +30,7 @@ LEVEL_DISABLES = {"v0": ["souffle.HorizontalFusion", "souffle.VerticalFusion", "
                   "v1": ["souffle.VerticalFusion", "souffle.TwoPhaseReduction", *_STITCH],
                   "v2": ["souffle.TwoPhaseReduction", *_STITCH], "v3": ["souffle.PlantPrefetch"], "v4": []}
 LEVELS = tuple(LEVEL_DISABLES)
+AUTO = "auto"
 STITCHING_LEVELS = ("v3", "v4")
 
 
@@ -45,15 +48,24 @@ class Options:
 
     fusion: str = "souffle"
     level: str = "v2"
-    partitioner: str = "budget"
+    partitioner: str | None = None     # None: "time" at level auto, else "budget"
     reduction: str = "deterministic"
     gemm_k_tile: int | None = None
     database: str | None = None
     nvcc: bool = True
 
+    def resolved(self) -> "Options":
+        """``auto`` as the level it stands for (v3, time-driven unless a partitioner is given)."""
+        if self.level == AUTO:
+            return replace(self, level="v3", partitioner=self.partitioner or "time")
+        return self if self.partitioner is not None else replace(self, partitioner="budget")
+
     def check(self, target: tvm.target.Target) -> "Options":
-        """Raise an OptionsError naming the first setting that does not exist or apply."""
-        for name, value, allowed in (("fusion", self.fusion, FUSIONS), ("level", self.level, LEVELS),
+        """The options with ``auto`` resolved; raise an OptionsError naming the first setting that
+        does not exist or apply."""
+        if self.level == AUTO or self.partitioner is None:
+            return self.resolved().check(target)
+        for name, value, allowed in (("fusion", self.fusion, FUSIONS), ("level", self.level, LEVELS + (AUTO,)),
                                      ("partitioner", self.partitioner, PARTITIONERS),
                                      ("reduction form", self.reduction, REDUCTIONS)):
             if value not in allowed:

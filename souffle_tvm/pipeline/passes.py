@@ -272,9 +272,8 @@ def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None
     ``database``: an open MetaSchedule database (``codegen.database.open_database``) whose tuned
     schedules replace the default rules for the groups it holds. ``feedback``: for stitching.
     """
-    options = options or Options()
     target = _target(target)
-    options.check(target)
+    options = (options or Options()).check(target)
     stitching = options.stitches(target)
     steps = [LowerToTE(params)] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too

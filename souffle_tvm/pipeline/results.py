@@ -50,7 +50,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Opt
         feedback: Feedback | None = None) -> SouffleModule:
     """Apply the Souffle passes of ``options.level`` to an imported module (inputs then weights
     as ``main``'s parameters). ``feedback``: how to stitch (v3/v4 on CUDA)."""
-    options = options or Options()    # SoufflePipeline checks it
+    options = (options or Options()).check(target)
     feedback = feedback or Feedback()
     database = open_database(options.database) if options.database is not None else None
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))

@@ -37,7 +37,9 @@ cuda_graph         built with ``--cuda-graph`` (TVM's ``relax.backend.use_cuda_g
 latency            CUDA only: the latency model's prediction (core/latency.py; an estimate,
                    never a measurement): ``ms`` launched one by one, ``graph_ms`` under a CUDA
                    graph, ``gpu_ms`` the kernels alone, ``rewrite_ms`` as built with TVM's CUDA-graph
-                   rewriting (``cuda_graph``), ``gpu`` and ``constants``
+                   rewriting (``cuda_graph``), ``gpu`` and ``constants``; at ``--level auto``
+                   ``tvm_graph_ms`` (TVM's own build, compared and beaten) or
+                   ``souffle_graph_ms`` (Souffle's, when TVM's was predicted faster and used)
 database           the tuning database the compile read (``--database``), else null
 rule_failures      souffle only: how many times a schedule rule raised on a group (candidates the
                    partitioner then split included) and the next rule was tried; a final
@@ -160,6 +162,9 @@ class Report:
             lines.append(f"\npredicted GPU time on {lat['gpu']} (latency model, an estimate): {lat['ms']:.3f} ms "
                          f"launched one by one, {lat['graph_ms']:.3f} ms under a CUDA graph "
                          f"(kernels alone {lat['gpu_ms']:.3f} ms)")
+            if "tvm_graph_ms" in lat:
+                lines.append(f"TVM's own kernels, built to compare (--level auto): {lat['tvm_graph_ms']:.3f} ms "
+                             f"under a CUDA graph; Souffle's build is kept")
             if self.cuda_graph:
                 g = self.cuda_graph
                 lines.append(f"built with TVM's CUDA-graph rewriting: {g['replays']} graph replays hold "
