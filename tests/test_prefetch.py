@@ -21,7 +21,7 @@ from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import prefetch
 from souffle_tvm.stitch import kernel_ir
-from souffle_tvm.runtime import prefetch_probe, runner
+from souffle_tvm.runtime import prefetch_probe, races, runner
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
 from conftest import emulated_comparisons
@@ -104,6 +104,10 @@ def test_v4_emulated_matches_the_reference_and_v3_kernel_count():
         assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
     emu, report, _ = _prefetch_run(m, souffle)       # and the lines its prefetch loops touch
     assert emu.sites == len(report.sites) > 0 and report.ok, str(report)
+    func = souffle.mod[souffle.stitched[0].function]   # the kernel alone, on random arguments
+    lone = prefetch_probe.PrefetchEmulation(tvm.IRModule({"k": func}), CUDA)
+    _, alone = lone.run(races.arguments(func))
+    assert lone.lone == "k" and alone.ok and len(alone.sites) == lone.sites == emu.sites, str(alone)
     v3 = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     assert [k.stages for k in v3.stitched] == [k.stages for k in souffle.stitched]
     assert all(k.prefetched_bytes == 0 for k in v3.stitched)
