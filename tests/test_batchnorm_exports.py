@@ -86,6 +86,7 @@ def test_conv_bn_relu_builds_to_the_kernels_of_conv_relu(pair, level):
 @pytest.mark.parametrize("fusion", ["tvm", "souffle"])
 def test_conv_bn_relu_matches_onnxruntime(pair, fusion):
     compiled = compile_model(pair[0], "llvm", fusion)
+    assert fusion == "tvm" or compiled.report.fallback is None, compiled.report.fallback
     feeds = runner.random_inputs(compiled.model.inputs, 3)
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)   # the file as exported, BN and all

@@ -17,7 +17,9 @@ from souffle_tvm.errors import UnsupportedOperatorError
 from souffle_tvm.frontend.importer import import_onnx
 
 BATCH = 3
-TOL = 1e-4
+# Measured (2026-12-01, all 32 builds: 16 exports x both fusions): 5.1e-7 at most (ViT legacy), 1.2e-7
+# to 2e-7 on the others; Souffle's outputs equal TVM's to 4 digits. The README's bound:
+TOL = 1e-6
 MATRIX = [(name, exporter) for name in tm.SPECS for exporter in tm.EXPORTERS]
 # fusion="souffle" on all 16 exports takes about as long as the rest of this file; the default
 # run keeps the exports that stress what this layer does (folded shapes, gathers, GRU,

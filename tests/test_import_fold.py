@@ -32,6 +32,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 
 def check(model, shapes, tol=1e-5, fusion="tvm"):
     compiled = compile_model(model, "llvm", fusion, shapes=shapes)
+    assert fusion == "tvm" or compiled.report.fallback is None, compiled.report.fallback
     feeds = runner.random_inputs(compiled.model.inputs, 3)
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
     _, ref = runner.reference_outputs(model, feeds)

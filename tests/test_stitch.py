@@ -57,7 +57,10 @@ def test_every_small_model_v3_builds_with_fewer_launches(name):
     v2 = compile_model(name, "cuda", "souffle", small=True, level="v2", nvcc=False).report
     v3 = compile_model(name, "cuda", "souffle", small=True, level="v3", nvcc=False).report
     assert v3.launches < v2.launches
-    assert v3.subprograms and all(sp["reason"] for sp in v3.subprograms)
+    # the subprograms cover every group once, in order, each cut with its reason; the model's end
+    # is the last cut
+    assert [i for sp in v3.subprograms for i in sp["indices"]] == list(range(len(v3.groups)))
+    assert all(sp["reason"] for sp in v3.subprograms) and v3.subprograms[-1]["reason"] == "end of model"
 
 
 @pytest.mark.parametrize("name", ["lstm", "mmoe"])
@@ -67,8 +70,9 @@ def test_paper_single_kernel_models(name):
 
 def test_v3_cpu_twin_matches():
     c = compile_model("bert", "llvm", "souffle", small=True, level="v3")
+    assert c.report.fusion == "souffle" and c.report.level == "v3" and c.report.fallback is None, c.report.fallback
     for cmp in run_and_compare(c):
-        assert cmp.rel_l2 < 1e-5
+        assert cmp.finite and cmp.rel_l2 < 1e-5, cmp
 
 
 def _stitched_func(bert_v3):

@@ -21,8 +21,9 @@ What its numerics cannot catch: warp-level timing (it never runs two threads at 
 memory-model races that a real GPU would expose (a read of another thread's global write
 inside one phase sees it here, as if fenced), and intra-block barrier placement (lock step
 needs none). The race checker (``runtime.races``, through the ``probe`` hooks below) sees
-those conflicts in the accesses themselves, in any block and thread order.
-docs/emulator.md says the same with examples.
+those conflicts in the accesses themselves, in any block and thread order. V4's prefetch
+loops are dropped (they have no semantics), or with ``prefetches`` recorded and checked
+(``runtime.prefetch_probe``). docs/emulator.md says the same with examples.
 """
 
 from __future__ import annotations
@@ -329,7 +330,7 @@ def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
     return blocks, threads, node
 
 
-def _launch(region, reverse: bool = False, probe=None) -> tirx.Stmt:
+def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.Stmt:
     """One ``__global__``: its phases in order, each over every block (last block first when
     ``reverse``: a read of an *earlier* block's result without a grid sync then reads poison)."""
     blocks, threads, body = _peel(region)
@@ -350,10 +351,13 @@ def _launch(region, reverse: bool = False, probe=None) -> tirx.Stmt:
     phases.append(cur)
     out = []
     for phase in phases:
+        def block(phase=phase):
+            emu = _Block(thread_vars, n_threads, probe).run(_seq(phase))
+            return emu if prefetches is None else prefetches.phase(emu)
         if probe is not None:                   # blocks in the run's order (a table filled at run time)
-            out.append(probe.phase(blocks, lambda: _Block(thread_vars, n_threads, probe).run(_seq(phase))))
+            out.append(probe.phase(blocks, block))
             continue
-        emu = _Block(thread_vars, n_threads).run(_seq(phase))
+        emu = block()
         # fresh block loop variables per phase: one definition each
         fresh = {var: tirx.Var(var.name, dtype_of(var)) for var, _ in blocks.values()}
         emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v: fresh.get(v, v)))
@@ -390,11 +394,16 @@ def _atomics_in_order(node):
 
 
 def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str = "kernel",
-                     reverse: bool = False, probe=None) -> tirx.PrimFunc:
+                     reverse: bool = False, probe=None, prefetches=None) -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
     ``reverse`` runs each phase's blocks last to first. ``probe`` (``race_probe.Probe``, used by
-    ``runtime.races``) adds the race checker: orders chosen at run time, every access checked."""
-    low = launch_form(unroll(strip_prefetch(func), fresh=True), target, name)
+    ``runtime.races``) adds the race checker: orders chosen at run time, every access checked.
+    V4's prefetch loops are dropped, or with ``prefetches`` (``prefetch_probe.PrefetchProbe``)
+    run as records of the lines they name, next to the lines each phase reads of those buffers."""
+    func = strip_prefetch(func) if prefetches is None else prefetches.mark(func)
+    low = launch_form(unroll(func, fresh=True), target, name)
+    if prefetches is not None:
+        prefetches.lowered(low)
     if probe is not None:
         low = probe.prepare(low, target)
     low = tirx.PrimFunc(low.params, _atomics_in_order(low.body), attrs=low.attrs)
@@ -411,11 +420,13 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             if fill is not None:
                 body.append(fill)
         elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
-            body.append(_launch(item, reverse, probe))
+            body.append(_launch(item, reverse, probe, prefetches))
         else:
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")
     if probe is not None:
         body = probe.wrap(body)
+    if prefetches is not None:
+        body = prefetches.wrap(body)
     attrs = {k: v for k, v in (low.attrs.items() if low.attrs else []) if k not in ("target", "tirx.is_scheduled")}
     attrs.update({"global_symbol": name, "tirx.noalias": True})
     # Under a root block, as TVM's passes expect of a function not yet lowered (Relax's reshape
