@@ -16,7 +16,7 @@ from souffle_tvm.zoo.builder import GraphBuilder
 
 @pytest.mark.parametrize("name", ZOO)
 def test_small_model_souffle_cpu_twin_matches(name):
-    c = compile_model(name, "llvm", "souffle", small=True)
+    c = compile_model(name, "llvm", "souffle", small=True, level="v2")
     assert c.report.fusion == "souffle" and c.report.fallback is None
     for cmp in run_and_compare(c):
         assert cmp.finite and cmp.rel_l2 < 1e-5, (name, cmp)
@@ -30,13 +30,13 @@ V2_NOT_FEWER = pytest.mark.xfail(strict=True, reason=(
 @pytest.mark.parametrize("name", [n if n != "efficientnet" else pytest.param(n, marks=V2_NOT_FEWER) for n in ZOO])
 def test_small_model_souffle_has_fewer_launches_than_tvm(name):
     tvm_r = compile_model(name, "cuda", "tvm", small=True, nvcc=False).report
-    sou_r = compile_model(name, "cuda", "souffle", small=True, nvcc=False).report
+    sou_r = compile_model(name, "cuda", "souffle", small=True, nvcc=False, level="v2").report
     assert sou_r.launches < tvm_r.launches, (sou_r.launches, tvm_r.launches)
     assert len(sou_r.groups) >= 1 and all(g["reason"] for g in sou_r.groups)
 
 
 def test_bert_layer_at_most_ten_launches():
-    r = compile_model("bert", "cuda", "souffle", small=True, nvcc=False).report
+    r = compile_model("bert", "cuda", "souffle", small=True, nvcc=False, level="v2").report
     assert r.launches <= 10 * 2           # the small BERT has 2 layers
     # Counted from the model's structure, not from the partitioner: a layer has 9 anchors, the
     # Q/K/V GEMMs (merged into one), Q K^T, softmax, P V, the out-projection, the residual +

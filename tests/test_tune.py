@@ -91,7 +91,7 @@ def test_tuning_writes_the_database_whole(tuned):
 
 def test_records_for_another_target_keep_the_default_rules_and_say_why(tuned):
     work, _, _ = tuned
-    compiled = compile_model("mmoe", "cuda", "souffle", small=True, database=work, nvcc=False)
+    compiled = compile_model("mmoe", "cuda", "souffle", small=True, database=work, nvcc=False, level="v2")
     rep = {k.primfunc: k for k in compiled.report.kernels}
     k = rep["souffle_matmul_h4"]
     assert k.schedule.startswith("default: ") and "tuned for llvm, not this target" in k.schedule_note
