@@ -190,3 +190,23 @@ def test_a_k1_gemm_never_gets_its_epilogue_in_the_reduction_init():
         except Exception:      # noqa: BLE001 - no rule left is fine too: the partitioner splits
             continue
         assert not schedule.epilogue_in_init(done.func), (block, done.rule)
+
+
+def test_a_contraction_of_one_tensor_with_itself_gets_a_gemm_schedule():
+    """Attention's Q K^T reads both operands from the one fused QKV projection (composed slices
+    and transposes): the group PrimFunc reads it through two parameters, so the GEMM rule sees
+    a contraction of two buffers (one parameter: dlight's Fallback, one output per thread)."""
+    from souffle_tvm.codegen import emit
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.partition.groups import Group
+    from souffle_tvm.te import analysis, program as te_program, rewrite
+    from souffle_tvm.transforms import horizontal, vertical
+
+    m = import_onnx("bert", small=True)
+    prog = vertical(horizontal(te_program.lower(m.mod, weight_values=m.params)).program).program
+    qk = next(t for t in prog.stages() if analysis.classify(t.op)[0] == analysis.REDUCTION
+              and len({p.op for p, _ in rewrite.loads(t.op.body[0])}) == 1)
+    func, externals = emit.group_primfunc(Group([qk]), [qk])
+    assert len(externals) == 2 and externals[0].same_as(externals[1])
+    assert [str(p.name) for p in func.params][:2] == [externals[0].op.name, externals[0].op.name + "_operand1"]
+    assert schedule.schedule_group(func, CUDA, 256).rule == "Matmul"

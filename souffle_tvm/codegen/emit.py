@@ -4,6 +4,12 @@ Each group's members are rebuilt over placeholders for what they read from outsi
 group, so ``te.create_prim_func`` makes exactly the group's blocks. Group PrimFuncs are marked
 opaque to FuseOps (``op_pattern`` = kOpaque) so TVM's fuser never redraws our boundaries;
 opaque Relax ops are emitted as they were and go through TVM's default path.
+
+A reduction that reads one outside tensor at two different indices (attention's ``Q K^T``, both
+operands sliced out of one fused QKV projection by composed index maps) reads it through two
+parameters, both passed the same tensor: the GEMM schedule rules (dlight's ``Matmul`` and
+ours) find a contraction only over operands in distinct buffers, and would otherwise leave it
+to ``Fallback``, one output per thread and no operand reuse.
 """
 
 from __future__ import annotations
@@ -26,26 +32,46 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
     ext_ph: dict = {}
     new_of: dict = {}
 
+    patterns: dict = {}     # (op, value_index) -> the index lists the current reduction read it at
+
     def load_fn(tensor, idx):
         if tensor.op in new_of:
             return new_of[tensor.op][tensor.value_index](*idx)
         if tensor.op in members:
             raise AssertionError("members are rebuilt in topological order")
-        key = (tensor.op, tensor.value_index)
+        key = (tensor.op, tensor.value_index, _operand(patterns, tensor, idx))
         if key not in ext_ph:
             externals.append(tensor)
-            ext_ph[key] = te.placeholder(tensor.shape, tensor.dtype, name=tensor.op.name)
+            name = tensor.op.name + (f"_operand{key[2]}" if key[2] else "")
+            ext_ph[key] = te.placeholder(tensor.shape, tensor.dtype, name=name)
+            keys.append(key)
         return ext_ph[key](*idx)
 
+    keys: list = []
     for m in group.members:
         if m.op not in new_of:
+            patterns.clear()
+            if m.op.reduce_axis:
+                patterns[None] = True      # a reduction: each index pattern its own operand
             new_of[m.op] = te_rewrite.rebuild(m.op, load_fn)
     outs = [new_of[o.op][o.value_index] for o in outputs]
-    params = [ext_ph[(t.op, t.value_index)] for t in externals]
+    params = [ext_ph[k] for k in keys]
     func = te.create_prim_func(params + outs)
     # create_prim_func names every function "main"; the Relax module gives it a symbol later.
     func = func.without_attr("global_symbol").with_attr("op_pattern", K_OPAQUE)
     return func, externals
+
+
+def _operand(patterns: dict, tensor: te.Tensor, idx: list) -> int:
+    """0, or in a reduction the number of the distinct index pattern ``tensor`` is read at."""
+    if None not in patterns:
+        return 0
+    seen = patterns.setdefault((tensor.op, tensor.value_index), [])
+    for i, other in enumerate(seen):
+        if tvm_ffi.structural_equal(list(other), list(idx)):
+            return i
+    seen.append(list(idx))
+    return len(seen) - 1
 
 
 def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule:

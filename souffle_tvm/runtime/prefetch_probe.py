@@ -378,7 +378,8 @@ class PrefetchReport:
 
     @property
     def problems(self) -> list[str]:
-        return [p for s in self.sites for p in s.problems]
+        # a fault repeats in every call of its kernel: each is said once
+        return list(dict.fromkeys(p for s in self.sites for p in s.problems))
 
     @property
     def ok(self) -> bool:
