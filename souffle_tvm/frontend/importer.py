@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_rnn
+from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn
 from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
@@ -137,7 +137,7 @@ def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) ->
 def _project_converters():
     """Temporarily extend TVM's ONNX converter table with ours."""
     original = _onnx._get_convert_map
-    _onnx._get_convert_map = lambda: {**original(), **onnx_rnn.CONVERTERS}
+    _onnx._get_convert_map = lambda: {**original(), **onnx_forms.CONVERTERS, **onnx_rnn.CONVERTERS}
     try:
         yield
     finally:
@@ -270,6 +270,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    onnx_forms.check_forms(converted)
     converted, _ = onnx_bn.fold_batch_norms(converted)
     # integer initializers fed FoldConstant when they were bound after the import; as constants
     # they still do (the same folding, whichever way they arrive)
