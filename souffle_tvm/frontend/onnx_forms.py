@@ -176,10 +176,56 @@ class SequenceInsert(_onnx.SequenceInsert):
             position = int(inputs[2].value.numpy())
             if position < 0:
                 n = len(inputs[0])
-                return _onnx.SequenceInsert._impl_v11(bb, [inputs[0], inputs[1], relax.const(n + position, "int64")],
-                                                      attr, params)
+                at = _onnx.onnx_input([inputs[0], inputs[1], relax.const(n + position, "int64")])
+                return _onnx.SequenceInsert._impl_v11(bb, at, attr, params)
         return _onnx.SequenceInsert._impl_v11(bb, inputs, attr, params)
 
+
+def _is_f16(x) -> bool:
+    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float16"
+
+
+def _in_float32(base: type, name: str) -> type:
+    """``base``'s converter on float16 inputs cast to float32, its result cast back: the
+    contraction accumulates in float32 (products of float16 values are exact in float32)."""
+    def get_converter(cls, opset):
+        convert = base.get_converter(opset)
+
+        def run(bb, inputs, attr, params):
+            if not any(_is_f16(x) for x in inputs):
+                return convert(bb, inputs, attr, params)
+            up = _onnx.onnx_input(bb.normalize(relax.op.astype(x, "float32")) if _is_f16(x) else x for x in inputs)
+            return relax.op.astype(bb.normalize(convert(bb, up, attr, params)), "float16")
+        return run
+    return type(name, (base,), {"get_converter": classmethod(get_converter)})
+
+
+class _Softmax16(_in_float32(_onnx.Softmax, "Softmax")):
+    """Softmax (opset 13+) of float16 as ONNX's reference computes it: max, exp and the quotient
+    in float16, the sum accumulated in float32 and rounded to float16."""
+
+    @classmethod
+    def get_converter(cls, opset):
+        wide = super().get_converter(opset)
+
+        def run(bb, inputs, attr, params):
+            x = inputs[0]
+            if opset < 13 or not _is_f16(x):
+                return wide(bb, inputs, attr, params)
+            axis = int(attr.get("axis", -1))
+            e = relax.op.exp(x - relax.op.max(x, [axis], keepdims=True))
+            total = relax.op.astype(relax.op.sum(relax.op.astype(e, "float32"), [axis], keepdims=True), "float16")
+            return e / total
+        return run
+
+
+#: with ``import_onnx(..., fp16_accumulation="float32")``: float16 contractions and reductions
+#: accumulate in float32, as ONNX's reference (numpy) does; the default keeps float16
+FLOAT32_ACCUMULATION = {op: _in_float32(getattr(_onnx, op), op) for op in (
+    "MatMul", "Gemm", "Conv", "ConvTranspose", "Softmax", "LogSoftmax", "ReduceSum", "ReduceMean", "ReduceSumSquare",
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "LayerNormalization")}
+FLOAT32_ACCUMULATION["Softmax"] = _Softmax16
 
 CONVERTERS = {
     "ReduceMax": _after(_onnx.ReduceMax, _reduce_extreme(-np.inf), "ReduceMax"),
