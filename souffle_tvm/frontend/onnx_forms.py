@@ -15,6 +15,8 @@ Found by ONNX's own conformance suite (python/onnx_conformance.py, results/onnx-
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import tvm
@@ -139,6 +141,8 @@ class BitShift(_onnx.OnnxOpConverter):
         x, s = inputs[0], inputs[1]
         direction = attr.get("direction", b"LEFT")
         direction = direction.decode() if isinstance(direction, bytes) else direction
+        if direction not in ("LEFT", "RIGHT"):
+            raise ValueError(f"Unsupported Shift Direction: {direction}")
         dt = _dtype(x)
         bits = int(np.dtype(dt).itemsize * 8)
         zero = relax.const(0, dt)
@@ -265,7 +269,28 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _why_not(node, attrs: dict, types: dict[str, int], constants: dict[str, np.ndarray]) -> str | None:
+class _Facts:
+    """What a check may ask of the model, computed only when asked (models carry large weights)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+
+    @functools.cached_property
+    def types(self) -> dict[str, int]:
+        return _elem_types(self.model)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        for t in self.model.graph.initializer:
+            if t.name == name:
+                return onnx.numpy_helper.to_array(t)
+        for node in self.model.graph.node:
+            if node.op_type == "Constant" and node.output[0] == name:
+                value = [a.t for a in node.attribute if a.name == "value"]
+                return onnx.numpy_helper.to_array(value[0]) if value else None
+        return None
+
+
+def _why_not(node, attrs: dict, facts: _Facts) -> str | None:
     op, outs = node.op_type, [o for o in node.output]
     if op == "BatchNormalization" and attrs.get("training_mode", 0):
         return "training mode (training_mode=1): souffle-tvm compiles inference"
@@ -273,18 +298,20 @@ def _why_not(node, attrs: dict, types: dict[str, int], constants: dict[str, np.n
         if len(outs) > 1 and outs[1]:
             return "its mask output (inference returns the input unchanged; the mask is not computed)"
         if len(node.input) > 2 and node.input[2]:
-            mode = constants.get(node.input[2])
+            mode = facts.constant(node.input[2])
             if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
                 return "training mode (a training_mode input that is not a constant false)"
     if op == "LayerNormalization" and any(outs[1:]):
         return "its Mean/InvStdDev outputs (only the normalized output is computed)"
     if op == "Cast" and attrs.get("to") not in CAST_TYPES:
         return f"a cast to {onnx.TensorProto.DataType.Name(attrs.get('to', 0))} (no such type in TVM's arithmetic)"
-    if op == "CastLike" and len(node.input) > 1 and types.get(node.input[1], onnx.TensorProto.FLOAT) not in CAST_TYPES:
-        return f"a cast to {onnx.TensorProto.DataType.Name(types[node.input[1]])} (no such type in TVM's arithmetic)"
+    if op == "CastLike" and len(node.input) > 1:
+        like = facts.types.get(node.input[1], onnx.TensorProto.FLOAT)
+        if like not in CAST_TYPES:
+            return f"a cast to {onnx.TensorProto.DataType.Name(like)} (no such type in TVM's arithmetic)"
     if op == "ConvTranspose" and "output_shape" in attrs:
         return "the output_shape attribute (give pads/output_padding instead)"
-    if op == "Pow" and types.get(node.input[0]) in (onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.INT8,
+    if op == "Pow" and facts.types.get(node.input[0]) in (onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.INT8,
                                                     onnx.TensorProto.UINT8, onnx.TensorProto.INT16):
         return "an integer base (TVM's power is defined for floating point only)"
     if op == "RoiAlign" and _text(attrs.get("mode", "avg")) == "max":
@@ -307,19 +334,13 @@ def _negative_rms_axis(node, attrs: dict, ranks: dict[str, int]) -> bool:
 
 def check_forms(model: onnx.ModelProto) -> None:
     """Refuse, naming the node, the operator forms TVM 0.27 builds into something else."""
-    types = _elem_types(model)
+    facts = _Facts(model)
     ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input if vi.type.HasField("tensor_type")}
-    constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    constants[node.output[0]] = onnx.numpy_helper.to_array(a.t)
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
         attrs = _attrs(node)
-        why = _why_not(node, attrs, types, constants)
+        why = _why_not(node, attrs, facts)
         if why is None and _negative_rms_axis(node, attrs, ranks):
             why = "an axis that is every axis (normalizing over every axis crashes TVM's converter)"
         if why is not None:
