@@ -261,6 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "results", f"onnx-conformance-{datetime.date.today()}"),
                     help="path stem of the .md and .json written")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--note", default="", help="a sentence for the table's head (e.g. what was sampled)")
+    ap.add_argument("--merge", metavar="JSON", help="start from this table: the tests run now replace their rows")
     ap.add_argument("--readme", metavar="JSON", help="only rewrite README.md's supported-op list from this table")
     args = ap.parse_args(argv)
     if args.readme:
@@ -276,12 +278,25 @@ def main(argv=None) -> int:
                    key=lambda n: (meta[n]["kind"] == "real", n))
     results: dict[str, dict] = defaultdict(dict)
     seconds = {}
+    table_fusions = list(args.fusions)
+    if args.merge:
+        with open(args.merge) as f:
+            earlier = json.load(f)
+        table_fusions = [fu for fu in FUSIONS if fu in earlier["fusions"] or fu in args.fusions]
+        for name, row in earlier["tests"].items():
+            results[name].update({fu: row[fu] for fu in table_fusions if fu in row})
+        # the rerun tests' earlier time is replaced by their time now
+        seconds = {fu: earlier["seconds"].get(fu, 0.0) - sum(results[n][fu]["seconds"] for n in names
+                                                            if fu in results.get(n, {}) and fu in args.fusions)
+                   for fu in table_fusions}
+        print(f"merging into {args.merge}: {len(names)} tests rerun", flush=True)
     worker = Worker()
 
     def save(note: str) -> None:
         if not args.no_write:
-            write(results, meta, args.fusions, args.out, note, seconds)
+            write(results, meta, table_fusions, args.out, " ".join(filter(None, [args.note, note])), seconds)
 
+    base = dict(seconds)
     try:
         for fusion in args.fusions:
             t0, counts = time.perf_counter(), Counter()
@@ -290,7 +305,7 @@ def main(argv=None) -> int:
                 outcome, message, secs = worker.run(fusion, name, limit)
                 results[name][fusion] = {"outcome": outcome, "message": message, "seconds": secs}
                 counts[outcome] += 1
-                seconds[fusion] = time.perf_counter() - t0
+                seconds[fusion] = base.get(fusion, 0.0) + time.perf_counter() - t0
                 if outcome in ("wrong", "crash") or (i + 1) % 50 == 0 or i + 1 == len(names):
                     print(f"[{fusion} {i + 1}/{len(names)} {seconds[fusion]:.0f}s {dict(counts)}] "
                           f"{name}: {outcome} {message[:200]}", flush=True)
@@ -299,7 +314,7 @@ def main(argv=None) -> int:
                          "tests marked `not run` were not reached.")
     finally:
         worker.stop()
-    for f in args.fusions:
+    for f in table_fusions:
         print(f, dict(Counter(r[f]["outcome"] for r in results.values() if f in r)))
     save("")
     if not args.no_write:

@@ -279,6 +279,11 @@ class _Facts:
     def types(self) -> dict[str, int]:
         return _elem_types(self.model)
 
+    @functools.cached_property
+    def used(self) -> set[str]:
+        """Values a node reads or the graph returns."""
+        return {i for n in self.model.graph.node for i in n.input} | {o.name for o in self.model.graph.output}
+
     def constant(self, name: str) -> np.ndarray | None:
         for t in self.model.graph.initializer:
             if t.name == name:
@@ -295,8 +300,8 @@ def _why_not(node, attrs: dict, facts: _Facts) -> str | None:
     if op == "BatchNormalization" and attrs.get("training_mode", 0):
         return "training mode (training_mode=1): souffle-tvm compiles inference"
     if op == "Dropout":
-        if len(outs) > 1 and outs[1]:
-            return "its mask output (inference returns the input unchanged; the mask is not computed)"
+        if len(outs) > 1 and outs[1] and outs[1] in facts.used:
+            return "its mask output is used (inference returns the input unchanged; the mask is not computed)"
         if len(node.input) > 2 and node.input[2]:
             mode = facts.constant(node.input[2])
             if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
