@@ -7,6 +7,10 @@ the given fusion (``"tvm"`` or ``"souffle"``) and returns a :class:`SouffleBacke
 
 A model the project cannot compile raises the project's own error (``UnsupportedOperatorError``,
 ``DynamicShapeError``, ``ModelLoadError``) from ``prepare``; :data:`UNSUPPORTED` lists them.
+Models are imported with ``fp16_accumulation="float32"`` (float16 contractions and reductions
+accumulate in float32, as ONNX's reference does); ``souffle_tvm.compile`` keeps float16.
+Outputs TVM computes in another width of the same kind (int32 for a declared int64) are given
+back in the declared type.
 """
 
 from __future__ import annotations
