@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_rnn
+from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn
 from .onnx_graph import NP_DTYPES
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
 
@@ -134,10 +134,11 @@ def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) ->
 
 
 @contextlib.contextmanager
-def _project_converters():
+def _project_converters(fp16_accumulation: str = "float16"):
     """Temporarily extend TVM's ONNX converter table with ours."""
     original = _onnx._get_convert_map
-    _onnx._get_convert_map = lambda: {**original(), **onnx_rnn.CONVERTERS}
+    extra = onnx_forms.FLOAT32_ACCUMULATION if fp16_accumulation == "float32" else {}
+    _onnx._get_convert_map = lambda: {**original(), **onnx_forms.CONVERTERS, **extra, **onnx_rnn.CONVERTERS}
     try:
         yield
     finally:
@@ -246,15 +247,20 @@ def _typed_outputs(name: str, model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small: bool = False,
-                dtype: str = "float32", fold: bool = True, bind: dict[str, object] | None = None) -> ImportedModel:
+                dtype: str = "float32", fold: bool = True, bind: dict[str, object] | None = None,
+                fp16_accumulation: str = "float16") -> ImportedModel:
     """Load, validate and import an ONNX model into Relax with its weights detached.
 
     With ``fold`` (the default) the model's run-time shape arithmetic and constant control flow
     are folded first, for the static input shapes (``onnx_fold``); ``fold=False`` hands the
     graph to TVM's importer as it is. ``bind`` fixes model inputs to values (``binding``): they
     are no longer inputs. ``ImportedModel.onnx_model`` stays the unfolded model (with the bound
-    values), so a reference run checks the folding too.
+    values), so a reference run checks the folding too. ``fp16_accumulation="float32"``: float16
+    MatMul/Gemm/Conv/ConvTranspose accumulate in float32, as ONNX's reference does (the ONNX
+    backend's choice); the default ``"float16"`` keeps them in float16.
     """
+    if fp16_accumulation not in ("float16", "float32"):
+        raise ValueError(f"fp16_accumulation {fp16_accumulation!r}: 'float16' or 'float32'")
     name, model = load_model(source, small=small, dtype=dtype)
     model = binding.bind_inputs(model, bind or {})
     model = _typed_outputs(name, model)
@@ -270,6 +276,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
     check_operators(converted)
+    onnx_forms.check_forms(converted)
     converted, _ = onnx_bn.fold_batch_norms(converted)
     # integer initializers fed FoldConstant when they were bound after the import; as constants
     # they still do (the same folding, whichever way they arrive)
@@ -278,7 +285,7 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     converted = _as_tvm_reads_it(converted)
     failure = None
     try:
-        with _project_converters():
+        with _project_converters(fp16_accumulation):
             mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
                             dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
     except SouffleError:

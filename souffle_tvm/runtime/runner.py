@@ -104,6 +104,9 @@ def median_ms(executable, params: list[np.ndarray], inputs: list[np.ndarray], ru
 def _flatten(out) -> list[np.ndarray]:
     if hasattr(out, "numpy"):
         return [out.numpy()]
+    if isinstance(out, tvm.runtime.ShapeTuple):
+        # a static shape the model returns (ONNX ``Shape`` of an input): an int64 tensor
+        return [np.array(list(out), dtype=np.int64)]
     return [a for item in out for a in _flatten(item)]
 
 

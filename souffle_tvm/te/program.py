@@ -181,6 +181,12 @@ def _placeholders_for(name: str, ty) -> list[te.Tensor]:
     return out
 
 
+def _all_tensors(ty) -> bool:
+    if isinstance(ty, relax.TupleType):
+        return all(_all_tensors(f) for f in ty.fields)
+    return isinstance(ty, relax.TensorType)
+
+
 def lower(mod: tvm.IRModule, func_name: str = "main", weight_values: list | None = None) -> TEProgram:
     """Lower ``mod[func_name]`` (inputs first, then weights, as the importer makes it) to TE.
 
@@ -205,6 +211,9 @@ def lower(mod: tvm.IRModule, func_name: str = "main", weight_values: list | None
         for block in func.body.blocks:
             for b in block.bindings:
                 _lower_binding(b, capture, prog, mod)
+    if not _all_tensors(func.body.body.ty):
+        # e.g. a static shape returned as a value (ONNX ``Shape`` of an input): not a stage
+        raise LoweringError(f"{func_name} returns a value that is not a tensor ({func.body.body.ty})")
     result = capture.to_te(func.body.body)
     prog.outputs = result if isinstance(result, list) else [result]
     prog.constants = capture.constants

@@ -134,6 +134,12 @@ def rebuild(op: te.ComputeOp, load_fn: LoadFn, name: str | None = None) -> list[
         bodies = [substitute(b, vmap, load_fn) for b in op.body]
         # Composed loads come back unsimplified; simplify every index over this domain once.
         bodies = [substitute(b, {}, None, ana) for b in bodies]
+        if len(bodies) > 1 and all(isinstance(b, tvm.tirx.Reduce) for b in bodies):
+            # a tuple reduction (argmax's value and index): TE wants its outputs to share ONE
+            # source, as the original did, not equal copies of it
+            r = bodies[0]
+            init = list(r.init) if r.init else None
+            bodies = [tvm.tirx.Reduce(r.combiner, r.source, r.axis, r.condition, i, init) for i in range(len(bodies))]
         return bodies if len(bodies) > 1 else bodies[0]
 
     out = te.compute(shape, fcompute, name=name or op.name, tag=op.tag, attrs=op.attrs)
