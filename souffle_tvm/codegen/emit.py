@@ -32,7 +32,8 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
     ext_ph: dict = {}
     new_of: dict = {}
 
-    patterns: dict = {}     # (op, value_index) -> the index lists the current reduction read it at
+    # in a reduction: (op, value_index) -> the index lists it read that tensor at (else None)
+    patterns: dict | None = None
 
     def load_fn(tensor, idx):
         if tensor.op in new_of:
@@ -44,27 +45,24 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
             externals.append(tensor)
             name = tensor.op.name + (f"_operand{key[2]}" if key[2] else "")
             ext_ph[key] = te.placeholder(tensor.shape, tensor.dtype, name=name)
-            keys.append(key)
         return ext_ph[key](*idx)
 
-    keys: list = []
     for m in group.members:
         if m.op not in new_of:
-            patterns.clear()
-            if m.op.reduce_axis:
-                patterns[None] = True      # a reduction: each index pattern its own operand
+            patterns = {} if m.op.reduce_axis else None
             new_of[m.op] = te_rewrite.rebuild(m.op, load_fn)
     outs = [new_of[o.op][o.value_index] for o in outputs]
-    params = [ext_ph[k] for k in keys]
+    params = list(ext_ph.values())      # in the order of ``externals``
     func = te.create_prim_func(params + outs)
     # create_prim_func names every function "main"; the Relax module gives it a symbol later.
     func = func.without_attr("global_symbol").with_attr("op_pattern", K_OPAQUE)
     return func, externals
 
 
-def _operand(patterns: dict, tensor: te.Tensor, idx: list) -> int:
-    """0, or in a reduction the number of the distinct index pattern ``tensor`` is read at."""
-    if None not in patterns:
+def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
+    """0, or in a reduction (``patterns`` not None) the number of the distinct index pattern
+    ``tensor`` is read at."""
+    if patterns is None:
         return 0
     seen = patterns.setdefault((tensor.op, tensor.value_index), [])
     for i, other in enumerate(seen):

@@ -15,6 +15,7 @@ per group, and hands the answers down as data:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tvm
 import tvm_ffi
@@ -23,8 +24,8 @@ from tvm import relax, te, tirx
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
 from ..core import estimate, hardware, latency, measured, tir_stats
-from ..codegen.rules import TensorCoreMatmul
-from ..core.geometry import MATMUL_THREADS, MATMUL_TILE, STITCH_BLOCK
+from ..codegen.rules import Matmul256, TensorCoreMatmul
+from ..core.geometry import STITCH_BLOCK
 from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
@@ -125,17 +126,18 @@ def _tile_of(func: tirx.PrimFunc, target) -> tuple[int, int] | None:
         stages = lower.lower_stage("gemm", done.func, target) if done.rule in _TILE_RULES else []
     except (ScheduleError, StitchError):
         return None
-    if len(stages) != 1:
+    # one launch region, its threads the rule's own (not, e.g., a tuned variant's)
+    if len(stages) != 1 or _thread_count(stages[0]) != _TILE_RULES[done.rule].threads:
         return None
-    threads = stages[0].threads
-    if done.rule == "Matmul":
-        square = set(threads) == {"threadIdx.x", "threadIdx.y"} and {e for _, e in threads.values()} == {MATMUL_THREADS}
-        return (MATMUL_TILE, MATMUL_TILE) if square else None
     return _TILE_RULES[done.rule].tile
 
 
+def _thread_count(stage) -> int:
+    return math.prod(e for _, e in stage.threads.values())
+
+
 # the stitched GEMM rules whose blocks write one dense output tile each
-_TILE_RULES = {"Matmul": None, "TensorCoreMatmul": TensorCoreMatmul()}
+_TILE_RULES = {"Matmul": Matmul256(), "TensorCoreMatmul": TensorCoreMatmul()}
 
 
 def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,

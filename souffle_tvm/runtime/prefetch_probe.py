@@ -41,31 +41,13 @@ from tvm import tirx
 from ..core.tir_stats import dtype_bytes
 from ..errors import EmulationError
 from ..stitch.kernel_ir import is_prefetch, op_name, replace_stages, stage_loops
-from ..te.rewrite import dtype_of
+from .instrumented import I64, InstrumentedModule, as64, guarded_loads, i64, numel, seq
 
 REPORT = "souffle_tvm.prefetch.report"
 LINE_BYTES = 128
 _MARK = "__souffle_prefetch"          # a prefetch, until the emulated phase records it
 _PTX_PREFETCH = "tirx.ptx.prefetch"
-_I64 = "int64"
 _SITE_WORDS = 3                       # per site: addresses issued, outside the buffer, first outside + 1
-
-
-def _i64(v) -> tirx.PrimExpr:
-    return tirx.const(v, _I64)
-
-
-def _as64(e) -> tirx.PrimExpr:
-    return e if dtype_of(e) == _I64 else tirx.Cast(_I64, e)
-
-
-def _seq(stmts: list) -> tirx.Stmt:
-    flat = [x for s in stmts for x in (s.seq if isinstance(s, tirx.SeqStmt) else [s])]
-    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat) if flat else tirx.Evaluate(_i64(0))
-
-
-def _numel(buf) -> int:
-    return math.prod(int(e) for e in buf.ty.shape)
 
 
 def _lines(numel: int, dtype: str) -> int:
@@ -98,7 +80,7 @@ class PrefetchProbe:
         self.phases = 0
         self.size = 0                     # words in the record
         # a stand-in for the record, whose size is known once every phase is emulated (wrap)
-        self.record = tirx.decl_buffer([_i64(1)], _I64, f"prefetch_record_{name}", scope="global")
+        self.record = tirx.decl_buffer([i64(1)], I64, f"prefetch_record_{name}", scope="global")
 
     # -- before lowering ---------------------------------------------------------------------------
     def mark(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -132,10 +114,10 @@ class PrefetchProbe:
             load = addr.args[0]
             pos = site_of(load.source)
             p = params[pos]
-            self.sites.append(_Site(pos, str(p.name), str(p.ty.dtype), _numel(p), any(p.same_as(b) for b in stored)))
-            self.tracked[pos] = (str(p.name), str(p.ty.dtype), _numel(p))
+            self.sites.append(_Site(pos, str(p.name), str(p.ty.dtype), numel(p), any(p.same_as(b) for b in stored)))
+            self.tracked[pos] = (str(p.name), str(p.ty.dtype), numel(p))
             site = len(self.sites) - 1
-            return tirx.Evaluate(tirx.call_extern("int32", _MARK, _i64(site), _as64(load.indices[0])))
+            return tirx.Evaluate(tirx.call_extern("int32", _MARK, i64(site), as64(load.indices[0])))
 
         seq = [tvm_ffi.structural_map(s, (tirx.Evaluate, marker)) if is_prefetch(s) else s for s in stage_loops(func)]
         return replace_stages(func, seq) if self.sites else func
@@ -174,11 +156,11 @@ class PrefetchProbe:
 
         def before(node, exprs, then):
             recs = [r for e in exprs for r in self._reads(e, data, k)]
-            return _seq(recs + [then]) if recs else then
+            return seq(recs + [then]) if recs else then
 
         def store(s):
             recs = [r for e in [s.value] + list(s.indices) for r in self._reads(e, data, k)]
-            return _seq(recs + [s]) if recs else s
+            return seq(recs + [s]) if recs else s
 
         def evaluate(ev):
             out = prefetch(ev)
@@ -201,53 +183,34 @@ class PrefetchProbe:
     def _issue(self, n: int, site: _Site, index) -> tirx.Stmt:
         """A prefetch of element ``index`` of ``site``'s buffer: counted, its line marked if inside
         the buffer, else counted outside (the first such address kept)."""
-        base = _i64(n * _SITE_WORDS)
-        a = tirx.Var("pf_addr", _I64)
+        base = i64(n * _SITE_WORDS)
+        a = tirx.Var("pf_addr", I64)
         per_line = max(LINE_BYTES // dtype_bytes(site.dtype), 1)
-        inside = tirx.And(a >= _i64(0), a < _i64(site.numel))
-        line = _slot(0, n) + tirx.floordiv(a, _i64(per_line))
-        outside = _seq([tirx.IfThenElse(self._word(base + _i64(1)) == _i64(0), self._set(base + _i64(2), a + _i64(1)), None),
-                        self._set(base + _i64(1), self._word(base + _i64(1)) + _i64(1))])
-        return _seq([tirx.Bind(a, _as64(index)), self._set(base, self._word(base) + _i64(1)),
-                     tirx.IfThenElse(inside, self._set(line, _i64(1)), outside)])
+        inside = tirx.And(a >= i64(0), a < i64(site.numel))
+        line = _slot(0, n) + tirx.floordiv(a, i64(per_line))
+        outside = seq([tirx.IfThenElse(self._word(base + i64(1)) == i64(0), self._set(base + i64(2), a + i64(1)), None),
+                        self._set(base + i64(1), self._word(base + i64(1)) + i64(1))])
+        return seq([tirx.Bind(a, as64(index)), self._set(base, self._word(base) + i64(1)),
+                     tirx.IfThenElse(inside, self._set(line, i64(1)), outside)])
 
     def _reads(self, expr, data: dict, k: int) -> list:
         """Records for the loads of prefetched buffers in ``expr``, each under the condition it is
         evaluated on (the branches of a Select or if_then_else)."""
-        found = []
+        def position(load):
+            return next((p for b, p in data.items() if load.source.same_as(b)), None)
 
-        def visit(e, guard):
-            def one(node):
-                if isinstance(node, tirx.Select) or op_name(node).endswith(".if_then_else"):
-                    c, a, b = (node.condition, node.true_value, node.false_value) if isinstance(node, tirx.Select) \
-                        else tuple(node.args)
-                    visit(c, guard)
-                    visit(a, c if guard is None else tirx.And(guard, c))
-                    visit(b, tirx.Not(c) if guard is None else tirx.And(guard, tirx.Not(c)))
-                    return tvm_ffi.WalkResult.SKIP
-                if isinstance(node, tirx.Let):
-                    visit(node.value, guard)
-                    visit(tvm_ffi.structural_map(node.body, (tirx.Var, lambda v: node.value if v.same_as(node.var) else v)),
-                          guard)
-                    return tvm_ffi.WalkResult.SKIP
-                if isinstance(node, tvm.ir.TensorLoad):
-                    pos = next((p for b, p in data.items() if node.source.same_as(b)), None)
-                    if pos is not None:
-                        found.append((node, pos, guard))
-                return None
-            tvm_ffi.structural_walk(e, one, order="pre")
-
-        visit(expr, None)
+        found = [(load, position(load), guard)
+                 for load, guard in guarded_loads(expr, lambda load: position(load) is not None)]
         out = []
         for load, pos, guard in found:
-            _, dtype, numel = self.tracked[pos]
+            _, dtype, elems = self.tracked[pos]
             if (k, pos) not in self.reads:
                 self.reads[(k, pos)] = -1          # placed by wrap
-            f = tirx.Var("rd", _I64)
+            f = tirx.Var("rd", I64)
             per_line = max(LINE_BYTES // dtype_bytes(dtype), 1)
-            rec = _seq([tirx.Bind(f, _flat(load.source, list(load.indices))),
-                        tirx.IfThenElse(tirx.And(f >= _i64(0), f < _i64(numel)),
-                                        self._set(_slot(1, k, pos) + tirx.floordiv(f, _i64(per_line)), _i64(1)),
+            rec = seq([tirx.Bind(f, _flat(load.source, list(load.indices))),
+                        tirx.IfThenElse(tirx.And(f >= i64(0), f < i64(elems)),
+                                        self._set(_slot(1, k, pos) + tirx.floordiv(f, i64(per_line)), i64(1)),
                                         None)])
             out.append(tirx.IfThenElse(guard, rec, None) if guard is not None else rec)
         return out
@@ -263,16 +226,16 @@ class PrefetchProbe:
             size += _lines(site.numel, site.dtype)
         slots = {}
         for key in sorted(self.reads):
-            _, dtype, numel = self.tracked[key[1]]
+            _, dtype, elems = self.tracked[key[1]]
             slots[key] = size
-            size += _lines(numel, dtype)
+            size += _lines(elems, dtype)
         self.reads = slots
         self.size = size
-        record = tirx.decl_buffer([_i64(size)], _I64, self.record.name, scope="global")
+        record = tirx.decl_buffer([i64(size)], I64, self.record.name, scope="global")
         body = [_place(s, self, record) for s in body]
-        i = tirx.Var("z", _I64)
-        pre = [tirx.AllocBuffer(record), tirx.For(i, _i64(0), _i64(size), tirx.ForKind.SERIAL,
-                                                  tirx.BufferStore(record, _i64(0), [i]))]
+        i = tirx.Var("z", I64)
+        pre = [tirx.AllocBuffer(record), tirx.For(i, i64(0), i64(size), tirx.ForKind.SERIAL,
+                                                  tirx.BufferStore(record, i64(0), [i]))]
         return pre + body + [tirx.Evaluate(tirx.call_packed(REPORT, self.name, record))]
 
 
@@ -282,7 +245,7 @@ _SLOT = "__souffle_prefetch_slot"
 def _slot(*key: int) -> tirx.PrimExpr:
     """Where a line bitmap starts in the record, known only once every phase is emulated (``wrap``
     places it): (0, site) a site's lines, (1, phase, parameter) the lines a phase reads."""
-    return tirx.call_extern(_I64, _SLOT, *[_i64(k) for k in key])
+    return tirx.call_extern(I64, _SLOT, *[i64(k) for k in key])
 
 
 def _place(stmt, probe: PrefetchProbe, record) -> tirx.Stmt:
@@ -292,7 +255,7 @@ def _place(stmt, probe: PrefetchProbe, record) -> tirx.Stmt:
         if op_name(call) != "tirx.call_extern" or str(call.args[0].value) != _SLOT:
             return call
         key = tuple(int(a.value) for a in call.args[1:])
-        return _i64(probe.sites[key[1]].offset if key[0] == 0 else probe.reads[key[1:]])
+        return i64(probe.sites[key[1]].offset if key[0] == 0 else probe.reads[key[1:]])
 
     def load(x):
         return tirx.BufferLoad(record, list(x.indices)) if x.source.same_as(probe.record) else x
@@ -312,19 +275,19 @@ def _aliased(decl):
 
 def _flat(buf, indices: list) -> tirx.PrimExpr:
     """The element ``indices`` name in ``buf``'s memory, counted from its data pointer."""
-    shape = [_as64(e) for e in buf.ty.shape]
-    strides = [_as64(e) for e in buf.ty.strides]
+    shape = [as64(e) for e in buf.ty.shape]
+    strides = [as64(e) for e in buf.ty.strides]
     if len(indices) != len(shape):
         raise EmulationError(f"an access with {len(indices)} indices to {buf.name} of {len(shape)} dimensions")
-    f = _i64(0)
+    f = i64(0)
     if strides:
         for i, s in zip(indices, strides):
-            f = f + _as64(i) * s
+            f = f + as64(i) * s
     else:
         for i, n in zip(indices, shape):
-            f = f * n + _as64(i)
+            f = f * n + as64(i)
     off = buf.ty.elem_offset
-    return f + _as64(off) if off is not None and not (isinstance(off, tirx.IntImm) and int(off) == 0) else f
+    return f + as64(off) if off is not None and not (isinstance(off, tirx.IntImm) and int(off) == 0) else f
 
 
 # -- the check ---------------------------------------------------------------------------------------
@@ -417,8 +380,8 @@ class _Session:
             return np.flatnonzero(rec[offset:offset + lines])
 
         for n, site in enumerate(probe.sites):
-            _, dtype, numel = probe.tracked[site.param]
-            lines = _lines(numel, dtype)
+            _, dtype, elems = probe.tracked[site.param]
+            lines = _lines(elems, dtype)
             issued, outside, first = (int(x) for x in rec[n * _SITE_WORDS:(n + 1) * _SITE_WORDS])
             got = bitmap(site.offset, lines)
             read = {k: bitmap(off, lines) for (k, pos), off in probe.reads.items() if pos == site.param}
@@ -437,26 +400,13 @@ def _report(kernel: str, record) -> int:
     return 0
 
 
-class PrefetchEmulation:
+class PrefetchEmulation(InstrumentedModule):
     """``mod``'s PrimFuncs emulated with their prefetch loops recorded (``PrefetchProbe``),
     compiled for llvm once. A module with a Relax ``main`` runs through the VM; a module of one
     PrimFunc is called with its arguments."""
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target):
-        from .emulate import emulate_primfunc
-        from .races import _compile
-
-        self.probes: dict[str, PrefetchProbe] = {}
-        out = {}
-        for gv, f in mod.functions.items():
-            if isinstance(f, tirx.PrimFunc):
-                self.probes[gv.name_hint] = PrefetchProbe(gv.name_hint)
-                out[gv] = emulate_primfunc(f, target, gv.name_hint, prefetches=self.probes[gv.name_hint])
-            else:
-                out[gv] = f
-        relax_funcs = [gv for gv, f in mod.functions.items() if not isinstance(f, tirx.PrimFunc)]
-        self.lone = None if relax_funcs or len(self.probes) != 1 else next(iter(self.probes))
-        self.executable = _compile(tvm.IRModule(out, attrs=mod.attrs))
+        super().__init__(mod, target, PrefetchProbe, "prefetches")
 
     @property
     def sites(self) -> int:
@@ -465,13 +415,6 @@ class PrefetchEmulation:
 
     def run(self, inputs: list, params: list | None = None) -> tuple[list, PrefetchReport]:
         """Outputs of ``main`` (or every argument of a lone PrimFunc, after the call) and the check."""
-        from .runner import run_vm
-
         with _Session(self.probes) as session:
-            if self.lone is None:
-                outs = run_vm(self.executable, list(params or []), list(inputs))
-            else:
-                args = [tvm.runtime.tensor(np.asarray(a)) for a in inputs]
-                self.executable[self.lone](*args)
-                outs = [a.numpy() for a in args]
+            outs = self.call(inputs, params)
         return outs, session.report

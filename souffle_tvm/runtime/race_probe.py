@@ -39,6 +39,7 @@ from tvm import s_tir, tirx
 from ..errors import EmulationError
 from ..te.rewrite import cast_like, dtype_of
 from ..stitch.kernel_ir import decompose, op_name
+from .instrumented import as64, guarded_loads, i64, numel, seq
 
 REPORT, ORDER = "souffle_tvm.races.report", "souffle_tvm.races.order"
 LOG_COLUMNS = ("code", "index", "word", "who", "block")     # a row of the log: see decode
@@ -52,25 +53,8 @@ _I64, _SHIFT, MANY, _WARP = "int64", 2 ** 32, 2 ** 32 - 1, 32
 _BUFFERS = 2 ** 16                            # tracked buffers per kernel, at most
 
 
-def _i64(v) -> tirx.PrimExpr:
-    return tirx.const(v, _I64)
-
-
-def _as64(e) -> tirx.PrimExpr:
-    return e if dtype_of(e) == _I64 else tirx.Cast(_I64, e)
-
-
-def _seq(stmts: list) -> tirx.Stmt:
-    flat = [x for s in stmts for x in (s.seq if isinstance(s, tirx.SeqStmt) else [s])]
-    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat) if flat else tirx.Evaluate(_i64(0))
-
-
 def _buffer(shape: list, name: str) -> tirx.Var:
-    return tirx.decl_buffer([_i64(n) for n in shape], _I64, name, scope="global")
-
-
-def _numel(buf) -> int:
-    return math.prod(int(e) for e in buf.ty.shape)
+    return tirx.decl_buffer([i64(n) for n in shape], _I64, name, scope="global")
 
 
 def _scope(buf) -> str:
@@ -93,7 +77,7 @@ class _Shadows:
 
     def __init__(self, ident: int, buf, for_blocks: bool, atomic: bool):
         self.id, self.shape = ident, [int(e) for e in buf.ty.shape]
-        n = max(_numel(buf), 1)
+        n = max(numel(buf), 1)
 
         def words(level):
             return tuple(_buffer([n], f"{buf.name}_{level}_{w}") for w in ("w", "r")) + \
@@ -107,9 +91,9 @@ class _Shadows:
     def flat(self, indices) -> tirx.PrimExpr:
         if len(indices) != len(self.shape):
             raise EmulationError(f"an access with {len(indices)} indices to a buffer of {len(self.shape)} dimensions")
-        f = _i64(0)
+        f = i64(0)
         for i, n in zip(indices, self.shape):
-            f = f * _i64(n) + _as64(i)
+            f = f * i64(n) + as64(i)
         return f
 
 
@@ -173,25 +157,25 @@ class Probe:
         self.block = tirx.Var(f"block{self.phase_no}", _I64)
         body = run()
         order = [blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in blocks]
-        coords = decompose(self.block, [(v, _i64(e)) for v, e in order])
+        coords = decompose(self.block, [(v, i64(e)) for v, e in order])
         body = tvm_ffi.structural_map(body, (tirx.Var, lambda v: cast_like(coords[v], v) if v in coords else v))
         n = math.prod(e for _, e in order)
         table = self._table("blocks", n)
         i = tirx.Var("i", _I64)
-        return tirx.For(i, _i64(0), _i64(n), tirx.ForKind.SERIAL,
-                        _seq([tirx.Bind(self.block, tirx.BufferLoad(table, [i])), self.barrier(), body]))
+        return tirx.For(i, i64(0), i64(n), tirx.ForKind.SERIAL,
+                        seq([tirx.Bind(self.block, tirx.BufferLoad(table, [i])), self.barrier(), body]))
 
     def threads(self, t: tirx.Var, n: int, body: tirx.Stmt) -> tirx.Stmt:
         """One lock-step statement ``body`` of thread ``t``, for every thread in table order."""
         if n not in self.thread_tables:
             self.thread_tables[n] = self._table("threads", n)
         i = tirx.Var("ti", _I64)
-        return tirx.For(i, _i64(0), _i64(n), tirx.ForKind.SERIAL,
-                        _seq([tirx.Bind(t, tirx.BufferLoad(self.thread_tables[n], [i])), self._instrument(body, t)]))
+        return tirx.For(i, i64(0), i64(n), tirx.ForKind.SERIAL,
+                        seq([tirx.Bind(t, tirx.BufferLoad(self.thread_tables[n], [i])), self._instrument(body, t)]))
 
     def barrier(self) -> tirx.Stmt:
         """A new barrier interval: what threads touched before it no longer conflicts."""
-        return tirx.BufferStore(self.epoch, tirx.BufferLoad(self.epoch, [_i64(0)]) + _i64(1), [_i64(0)])
+        return tirx.BufferStore(self.epoch, tirx.BufferLoad(self.epoch, [i64(0)]) + i64(1), [i64(0)])
 
     def after_allreduce(self, attr, thread_vars: dict) -> tirx.Stmt:
         """A cross-thread reduction over more than a warp is lowered with ``__syncthreads()``
@@ -203,7 +187,7 @@ class Probe:
         for e in (calls[0].args[4:] if calls else []):
             tvm_ffi.structural_walk(e, (tirx.Var, lambda v: used.add(v) if v in thread_vars else None))
         span = math.prod(thread_vars[v][1] for v in used) if used else 1
-        return self.barrier() if span > _WARP else tirx.Evaluate(_i64(0))
+        return self.barrier() if span > _WARP else tirx.Evaluate(i64(0))
 
     def wrap(self, body: list) -> list:
         """The kernel's statements with the shadows, the order tables and the report around them."""
@@ -213,8 +197,8 @@ class Probe:
             pre.append(tirx.AllocBuffer(buf))
             if init is not None:
                 i = tirx.Var("z", _I64)
-                pre.append(tirx.For(i, _i64(0), buf.ty.shape[0], tirx.ForKind.SERIAL,
-                                    tirx.BufferStore(buf, _i64(init), [i])))
+                pre.append(tirx.For(i, i64(0), buf.ty.shape[0], tirx.ForKind.SERIAL,
+                                    tirx.BufferStore(buf, i64(init), [i])))
         pre += [tirx.Evaluate(tirx.call_packed(ORDER, kind, table)) for kind, table in self.tables]
         return pre + list(body) + [tirx.Evaluate(tirx.call_packed(REPORT, self.name, self.count, self.log))]
 
@@ -228,7 +212,7 @@ class Probe:
         """``stmt`` (one thread's) with every access of a tracked buffer checked just before it."""
         def before(node, exprs, then):
             checks = [c for e in exprs for c in self._reads(e, t)]
-            return _seq(checks + [then]) if checks else then
+            return seq(checks + [then]) if checks else then
 
         def store(s):
             value, mode = s.value, _WRITE
@@ -245,7 +229,7 @@ class Probe:
             if s.buffer in self.tracked:
                 checks += self._access(s.buffer, list(s.indices), mode, t, None, same)
             out = tirx.BufferStore(s.buffer, value, list(s.indices))
-            return _seq(checks + [out]) if checks else out
+            return seq(checks + [out]) if checks else out
 
         return tvm_ffi.structural_map(stmt, [
             (tirx.BufferStore, store),
@@ -257,28 +241,7 @@ class Probe:
 
     def _reads(self, expr, t) -> list:
         """Checks for the tracked loads in ``expr``, each under the condition it is evaluated on."""
-        found = []
-
-        def visit(e, guard):
-            def one(node):
-                if isinstance(node, tirx.Select) or op_name(node).endswith(".if_then_else"):
-                    c, a, b = (node.condition, node.true_value, node.false_value) if isinstance(node, tirx.Select) \
-                        else tuple(node.args)
-                    visit(c, guard)
-                    visit(a, c if guard is None else tirx.And(guard, c))
-                    visit(b, tirx.Not(c) if guard is None else tirx.And(guard, tirx.Not(c)))
-                    return tvm_ffi.WalkResult.SKIP
-                if isinstance(node, tirx.Let):
-                    visit(node.value, guard)
-                    visit(tvm_ffi.structural_map(node.body, (tirx.Var, lambda v: node.value if v.same_as(node.var) else v)),
-                          guard)
-                    return tvm_ffi.WalkResult.SKIP
-                if isinstance(node, tvm.ir.TensorLoad) and node.source in self.tracked:
-                    found.append((node, guard))
-                return None
-            tvm_ffi.structural_walk(e, one, order="pre")
-
-        visit(expr, None)
+        found = guarded_loads(expr, lambda load: load.source in self.tracked)
         return [c for load, guard in found for c in self._access(load.source, list(load.indices), _READ, t, guard)]
 
     def _access(self, buf, indices: list, mode: str, t, guard, same=None) -> list:
@@ -288,10 +251,10 @@ class Probe:
         f, e = tirx.Var("f", _I64), tirx.Var("e", _I64)
         out = [tirx.Bind(f, sh.flat(indices))]
         if sh.blocks is not None:
-            out += self._words(sh, sh.blocks, f, _i64(self.phase_no), self.block, mode, 0, same)
-        out.append(tirx.Bind(e, tirx.BufferLoad(self.epoch, [_i64(0)])))
+            out += self._words(sh, sh.blocks, f, i64(self.phase_no), self.block, mode, 0, same)
+        out.append(tirx.Bind(e, tirx.BufferLoad(self.epoch, [i64(0)])))
         out += self._words(sh, sh.threads, f, e, t, mode, 1, same)
-        return [tirx.IfThenElse(guard, _seq(out), None)] if guard is not None else out
+        return [tirx.IfThenElse(guard, seq(out), None)] if guard is not None else out
 
     def _words(self, sh: _Shadows, words: tuple, f, stamp, who, mode: str, level: int, same=None) -> list:
         """Check and update one level's words at element ``f`` for an access of ``who``. A write
@@ -300,8 +263,8 @@ class Probe:
         w_buf, r_buf, a_buf = words
         if mode == _ATOMIC and a_buf is None:
             raise EmulationError(f"{self.name}: an atomic update of {self.names[sh.id]} (only global ones are modelled)")
-        key = stamp * _i64(_SHIFT) + who + _i64(1)
-        many = stamp * _i64(_SHIFT) + _i64(MANY)
+        key = stamp * i64(_SHIFT) + who + i64(1)
+        many = stamp * i64(_SHIFT) + i64(MANY)
         out = []
 
         def word(buf, name):
@@ -310,16 +273,16 @@ class Probe:
             return v
 
         def conflict(v, kind, benign=None):
-            cond = tirx.And(tirx.floordiv(v, _i64(_SHIFT)) == stamp, v != key)
+            cond = tirx.And(tirx.floordiv(v, i64(_SHIFT)) == stamp, v != key)
             found = self._record(level, kind, sh.id, f, v, who)
             if benign is not None:
-                slot = [_i64(len(LEVELS))]
-                found = tirx.IfThenElse(benign, tirx.BufferStore(self.count, tirx.BufferLoad(self.count, slot) + _i64(1),
+                slot = [i64(len(LEVELS))]
+                found = tirx.IfThenElse(benign, tirx.BufferStore(self.count, tirx.BufferLoad(self.count, slot) + i64(1),
                                                                  slot), found)
             out.append(tirx.IfThenElse(cond, found, None))
 
         def join(buf, v):        # who joins the readers (atomic updaters): one, or MANY
-            out.append(tirx.BufferStore(buf, tirx.Select(tirx.floordiv(v, _i64(_SHIFT)) != stamp, key,
+            out.append(tirx.BufferStore(buf, tirx.Select(tirx.floordiv(v, i64(_SHIFT)) != stamp, key,
                                                          tirx.Select(v == key, key, many)), [f]))
         w = word(w_buf, "w")
         a = word(a_buf, "a") if a_buf is not None else None
@@ -344,13 +307,13 @@ class Probe:
         """Count a conflict; log it (``LOG_COLUMNS``; ``word`` is the other's) while the log has room."""
         c = tirx.Var("c", _I64)
         code = ((self.phase_no * 2 + level) * 8 + kind) * _BUFFERS + buf_id
-        row = [_i64(code), f, word, who, self.block]
+        row = [i64(code), f, word, who, self.block]
         width = len(LOG_COLUMNS)
         base = level * self.capacity * width
-        stores = [tirx.BufferStore(self.log, v, [c * _i64(width) + _i64(base + k)]) for k, v in enumerate(row)]
-        return _seq([tirx.Bind(c, tirx.BufferLoad(self.count, [_i64(level)])),
-                     tirx.IfThenElse(c < _i64(self.capacity), _seq(stores), None),
-                     tirx.BufferStore(self.count, c + _i64(1), [_i64(level)])])
+        stores = [tirx.BufferStore(self.log, v, [c * i64(width) + i64(base + k)]) for k, v in enumerate(row)]
+        return seq([tirx.Bind(c, tirx.BufferLoad(self.count, [i64(level)])),
+                     tirx.IfThenElse(c < i64(self.capacity), seq(stores), None),
+                     tirx.BufferStore(self.count, c + i64(1), [i64(level)])])
 
 
 def decode(row) -> dict:

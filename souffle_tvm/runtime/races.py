@@ -24,9 +24,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from .emulate import emulate_primfunc
 from .race_probe import KINDS, LEVELS, LOG_COLUMNS, ORDER, REPORT, Probe, decode
-from .runner import run_vm
+from .instrumented import InstrumentedModule
 
 ASCENDING, DESCENDING = "ascending", "descending"
 
@@ -180,60 +179,19 @@ def _report(kernel: str, count, log) -> int:
     return 0
 
 
-# TVM passes that only optimise, and are slow on the instrumented kernels (the analyser works
-# through every check): CompactBufferAllocation alone took 13 of bert's 25 s. The emulated
-# buffers are declared compact already. StmtSimplify still runs before FlattenBuffer (which needs it).
-_SKIPPED = ("s_tir.CompactBufferAllocation", "s_tir.HoistIfThenElse", "s_tir.LoopPartition", "tirx.RemoveNoOp",
-            "tirx.CommonSubexprElim")
-
-
-@tvm.ir.instrument.pass_instrument
-class _Skip:
-    def __init__(self):
-        self.flat = False
-
-    def run_after_pass(self, mod, info):
-        self.flat = self.flat or info.name == "tirx.FlattenBuffer"
-
-    def should_run(self, mod, info) -> bool:
-        return info.name not in _SKIPPED and not (self.flat and info.name.endswith("StmtSimplify"))
-
-
-def _compile(mod: tvm.IRModule):
-    """llvm at -O0 with the optimising TIR passes left out: the emulated kernels run for
-    milliseconds, their compilation took seconds (bert: 30 s, now 4)."""
-    with tvm.transform.PassContext(instruments=[_Skip()]):
-        return tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
-
-
-class Emulation:
+class Emulation(InstrumentedModule):
     """``mod``'s PrimFuncs emulated with the race checker built in, compiled for llvm once; run
     it in any order. A module with a Relax ``main`` runs through the VM (``run``); a module of
     one PrimFunc is called directly with its arguments."""
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, keep: int = 200):
-        self.probes: dict[str, Probe] = {}
+        super().__init__(mod, target, Probe, "probe")
         self.keep = keep
-        out = {}
-        for gv, f in mod.functions.items():
-            if isinstance(f, tirx.PrimFunc):
-                self.probes[gv.name_hint] = Probe(gv.name_hint)
-                out[gv] = emulate_primfunc(f, target, gv.name_hint, probe=self.probes[gv.name_hint])
-            else:
-                out[gv] = f
-        relax_funcs = [gv for gv, f in mod.functions.items() if not isinstance(f, tirx.PrimFunc)]
-        self.lone = None if relax_funcs or len(self.probes) != 1 else next(iter(self.probes))
-        self.executable = _compile(tvm.IRModule(out, attrs=mod.attrs))
 
     def run(self, inputs: list, params: list | None = None, order="ascending") -> tuple[list, RaceReport]:
         """Outputs of ``main`` (or every argument of a lone PrimFunc, after the call) and the races seen."""
         with _Session(Order.of(order), self.probes, self.keep) as session:
-            if self.lone is None:
-                outs = run_vm(self.executable, list(params or []), list(inputs))
-            else:
-                args = [tvm.runtime.tensor(np.asarray(a)) for a in inputs]
-                self.executable[self.lone](*args)
-                outs = [a.numpy() for a in args]
+            outs = self.call(inputs, params)
         return outs, session.report
 
 

@@ -20,6 +20,15 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         super().__init__()
         self.k_tile = k_tile
 
+    @property
+    def threads(self) -> int:
+        return MATMUL_THREADS * MATMUL_THREADS
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        """The output tile one block writes (rows x columns): the one a two-phase partial shares."""
+        return MATMUL_TILE, MATMUL_TILE
+
     def get_configs(self, target):
         config = super().get_configs(target)
         config.block_size_x = config.block_size_y = MATMUL_THREADS
