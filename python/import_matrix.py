@@ -7,9 +7,10 @@ converters that existed before this work (LSTM; no GRU); "after" is ``import_onn
     .venv/bin/python python/import_matrix.py
     .venv/bin/python python/import_matrix.py --names     # both fusions x three exporters' name styles
 
-``--names``: every export renamed in torch's, TF/Keras' and JAX's tensor-name styles
-(``torch_models.rename``), each built for llvm with ``--fusion tvm`` and ``--fusion souffle``
-(the default level) and compared with onnxruntime on the renamed file.
+``--names``: every export of ``ROWS`` (the matrix, the CNNs with batch norm kept, the encoders
+with dynamic batch and sequence at two shapes) renamed in torch's, TF/Keras' and JAX's
+tensor-name styles (``torch_models.rename``), each built for llvm with ``--fusion tvm`` and
+``--fusion souffle`` (the default level) and compared with onnxruntime on the renamed file.
 """
 
 from __future__ import annotations
@@ -17,17 +18,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import torch_models as tm  # noqa: E402
 
 from souffle_tvm.runtime import runner  # noqa: E402
-from souffle_tvm.frontend import onnx_rnn
+from souffle_tvm.frontend import onnx_rnn  # noqa: E402
 from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
 from souffle_tvm.frontend.importer import import_onnx  # noqa: E402
 
 BATCH = 3
+# The rows of --names: (model, exporter, batch, sequence length or None). The SPECS x EXPORTERS
+# matrix at batch 3; then the CNNs exported with inference BatchNormalization kept, and the
+# encoders exported with batch and sequence dynamic (three int64 inputs), each at two shapes.
+ROWS = ([(n, e, BATCH, None) for n in tm.SPECS for e in tm.EXPORTERS]
+        + [(n, e, BATCH, None) for n in tm.BN_MODELS for e in tm.BN_EXPORTERS]
+        + [(n, e, b, s) for n in ("bert", "hfbert") for e in ("legacy-seq", "dynamo-seq") for b, s in ((3, 5), (2, 12))])
 
 
 def _short(err: Exception) -> str:
@@ -60,24 +68,29 @@ def after(name: str, path: str, shapes: dict) -> str:
     return f"ok, rel L2 {worst:.1e}"
 
 
-def styled(name: str, exporter: str, style: str, fusion: str) -> str:
-    import tempfile
-
+def renamed(name: str, exporter: str, style: str, batch: int, seq: int | None, folder: str) -> tuple[str, dict, dict]:
+    """The export renamed in ``style``, saved in ``folder``; its input shapes and example inputs
+    under the renamed graph inputs' names."""
     import onnx
 
-    path, shapes = tm.export(name, exporter), tm.input_shapes(name, BATCH)
-    model = tm.rename(onnx.load(path), style)
+    model = tm.rename(onnx.load(tm.export(name, exporter)), style)
+    path = os.path.join(folder, f"{name}-{exporter}-{style}.onnx")
+    onnx.save(model, path)
+    prefix = {"tf": "serving_default_", "jax": "jax2tf_arg_"}.get(style)   # rename's graph-input names
+    new = (lambda k: f"{prefix}{k}:0") if prefix else (lambda k: k)
+    shapes = {new(k): v for k, v in tm.input_shapes(name, batch, seq).items()}
+    feeds = {new(k): v for k, v in tm.example_inputs(name, seed=1, batch=batch, seq=seq).items()}
+    assert {vi.name for vi in model.graph.input} - {t.name for t in model.graph.initializer} == set(shapes)
+    return path, shapes, feeds
+
+
+def styled(name: str, exporter: str, batch: int, seq: int | None, style: str, fusion: str) -> str:
+    import tempfile
+
     with tempfile.TemporaryDirectory() as d:
-        renamed = os.path.join(d, f"{name}-{style}.onnx")
-        onnx.save(model, renamed)
-
-        def new_name(k: str) -> str:      # torch_models.rename's names for graph inputs
-            return {"tf": f"serving_default_{k}:0", "jax": f"jax2tf_arg_{k}:0"}.get(style, k)
-
-        feeds = {new_name(k): v for k, v in tm.example_inputs(name, seed=1, batch=BATCH).items()}
-        shapes = {new_name(k): v for k, v in shapes.items()}
+        path, shapes, feeds = renamed(name, exporter, style, batch, seq, d)
         try:
-            compiled = compile_model(renamed, "llvm", fusion, shapes=shapes)
+            compiled = compile_model(path, "llvm", fusion, shapes=shapes)
             outs = runner.run_vm(compiled.executable, compiled.model.params,
                                  runner.check_feeds(compiled.model.inputs, feeds))
             _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
@@ -88,44 +101,40 @@ def styled(name: str, exporter: str, style: str, fusion: str) -> str:
         return f"{worst:.1e}{path_taken}"
 
 
-def cuda_build(name: str, exporter: str, style: str, fusion: str, level: str) -> str:
+def cuda_build(name: str, exporter: str, batch: int, seq: int | None, style: str, fusion: str, level: str) -> str:
     """Build the renamed export for CUDA sm_90 with nvcc (nothing runs: no GPU here)."""
     import tempfile
 
-    import onnx
-
-    path, shapes = tm.export(name, exporter), tm.input_shapes(name, BATCH)
-    prefix = {"tf": "serving_default_", "jax": "jax2tf_arg_"}.get(style, "")
-    shapes = {(f"{prefix}{k}:0" if prefix else k): v for k, v in shapes.items()}
     with tempfile.TemporaryDirectory() as d:
-        renamed = os.path.join(d, f"{name}-{style}.onnx")
-        onnx.save(tm.rename(onnx.load(path), style), renamed)
+        path, shapes, _ = renamed(name, exporter, style, batch, seq, d)
         try:
-            c = compile_model(renamed, "cuda", fusion, shapes=shapes, level=level)
+            c = compile_model(path, "cuda", fusion, shapes=shapes, level=level)
         except Exception as err:  # noqa: BLE001
             return f"FAIL: {_short(err)}"
     spills = sum(k.spill_bytes or 0 for k in c.report.kernels)
     return "builds" + (f", {spills} B spilled" if spills else "") + (" (fell back)" if c.report.fallback else "")
 
 
+def table(cols: list, header: str, cell) -> None:
+    """One row per ROWS entry, one cell per column; rows print as they finish (times on stderr)."""
+    print("| model | exporter | inputs | " + " | ".join(header(*c) for c in cols) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
+    for name, exporter, batch, seq in ROWS:
+        start = time.perf_counter()
+        cells = [cell(name, exporter, batch, seq, *c) for c in cols]
+        inputs = f"batch {batch}" + (f", seq {seq}" if seq else "")
+        print(f"| {name} | {exporter} | {inputs} | " + " | ".join(cells) + " |", flush=True)
+        print(f"{name} {exporter} {inputs}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
 def cuda_table(styles: tuple) -> None:
     cols = [(s, f, lv) for s in styles for f, lv in (("tvm", "v2"), ("souffle", "v2"), ("souffle", "v3"))]
-    print("| model | exporter | " + " | ".join(f"{s} names, {f if f == 'tvm' else lv}" for s, f, lv in cols) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in cols) + " |")
-    for name in tm.SPECS:
-        for exporter in tm.EXPORTERS:
-            cells = [cuda_build(name, exporter, s, f, lv) for s, f, lv in cols]
-            print(f"| {name} | {exporter} | " + " | ".join(cells) + " |", flush=True)
+    table(cols, lambda s, f, lv: f"{s} names, {f if f == 'tvm' else lv}", cuda_build)
 
 
 def names_table() -> None:
     cols = [(s, f) for s in tm.NAME_STYLES for f in ("tvm", "souffle")]
-    print("| model | exporter | " + " | ".join(f"{s} names, {f}" for s, f in cols) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in cols) + " |")
-    for name in tm.SPECS:
-        for exporter in tm.EXPORTERS:
-            cells = [styled(name, exporter, s, f) for s, f in cols]
-            print(f"| {name} | {exporter} | " + " | ".join(cells) + " |", flush=True)
+    table(cols, lambda s, f: f"{s} names, {f}", styled)
 
 
 def main() -> None:

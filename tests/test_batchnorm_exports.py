@@ -5,6 +5,8 @@ off (as TF/Keras and older exports also leave it) the graph has Conv→BatchNorm
 ``frontend.onnx_bn`` folds each batch norm that follows a conv with constant weights into the
 conv's weights and bias at compile time, so the model builds to the same kernels as the
 Conv(+bias)→Relu model with those folded weights, and matches onnxruntime on the unfolded file.
+The exporter matrix's CNNs (ResNeXt, EfficientNet) exported with their batch norms kept, by
+either exporter, fold to the graphs the exporters write by default and match onnxruntime.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from souffle_tvm.frontend import onnx_bn
+import torch_models as tm
+from souffle_tvm.frontend import onnx_bn, onnx_fold
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.runtime import runner
 
@@ -106,3 +109,46 @@ def test_a_batch_norm_whose_conv_is_read_elsewhere_is_kept(pair):
     replaced = set(original.graph.node[1].input[1:]) | {original.graph.node[0].input[1]}   # BN's and the conv's
     assert len(replaced) == 5 and not {t.name for t in out.graph.initializer} & replaced
     assert np.isfinite(onnx.numpy_helper.to_array(out.graph.initializer[-1])).all()
+
+
+# -- the exporter matrix's CNNs exported with their batch norms kept (tests/torch_models.py) ----
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return sorted(n.op_type for n in model.graph.node)
+
+
+def _folded(path: str, name: str) -> onnx.ModelProto:
+    """The export as the importer hands it to TVM's: shapes folded, then its batch norms."""
+    model = onnx.load(path)
+    if onnx_fold.needs_folding(model):
+        model = onnx_fold.fold(model, tm.input_shapes(name))
+    return onnx_bn.fold_batch_norms(model)[0]
+
+
+@pytest.mark.parametrize("name", tm.BN_MODELS)
+@pytest.mark.parametrize("exporter", tm.BN_EXPORTERS)
+def test_matrix_cnn_keeps_its_batch_norms_and_each_folds_into_its_conv(name, exporter):
+    # legacy-bn: constant folding off, and the gammas/betas shared by value become Identity
+    # aliases of one weight; dynamo-bn: onnxscript's optimizer off, and the bias-free convs get
+    # a computed zero bias, Expand(CastLike(0, x), [C]). Folded, each is the graph the
+    # exporter writes by default (batch norm folded into the convs).
+    kept = onnx.load(tm.export(name, exporter))
+    bns = sum(isinstance(m, nn.BatchNorm2d) for m in tm.build(name).modules())
+    assert _ops(kept).count("BatchNormalization") == bns > 0
+    default = exporter.removesuffix("-bn")
+    assert _ops(_folded(tm.export(name, exporter), name)) == _ops(_folded(tm.export(name, default), name))
+
+
+BN_MATRIX = [pytest.param(n, e, f, marks=() if (n, e, f) == ("resnext", "legacy-bn", "souffle") else pytest.mark.slow,
+                          id=f"{n}-{e}-{f}") for n in tm.BN_MODELS for e in tm.BN_EXPORTERS for f in ("tvm", "souffle")]
+
+
+@pytest.mark.parametrize("name,exporter,fusion", BN_MATRIX)
+def test_matrix_cnn_with_batch_norms_matches_onnxruntime(name, exporter, fusion):
+    compiled = compile_model(tm.export(name, exporter), "llvm", fusion, shapes=tm.input_shapes(name, 3))
+    assert "BatchNormalization" in _ops(compiled.model.onnx_model)   # the reference runs the file as exported
+    assert fusion == "tvm" or compiled.report.fallback is None, compiled.report.fallback
+    feeds = tm.example_inputs(name, seed=1, batch=3)
+    outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
+    _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
+    (c,) = runner.compare(compiled.model.outputs, outs, ref)
+    assert c.finite and c.rel_l2 < 1e-5, c.rel_l2

@@ -312,6 +312,9 @@ SPECS = {
     "mmoe": Spec(MMoE, {"x": ((BATCH, 16), "float32")}, ("task0", "task1")),
 }
 EXPORTERS = ("legacy", "dynamo")
+# Exports of the CNNs that keep inference BatchNormalization (EXPORTERS fold it into the convs)
+BN_EXPORTERS = ("legacy-bn", "dynamo-bn")
+BN_MODELS = ("resnext", "efficientnet")
 
 
 def input_shapes(name: str, batch: int = BATCH, seq: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -355,16 +358,21 @@ def _export(name: str, exporter: str, path: str) -> None:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        if exporter in ("legacy", "legacy-seq"):  # legacy-seq: the sequence axis (1) dynamic too
+        # -seq: the sequence axis (1) dynamic too (dynamo: up to the models' 16 positions).
+        # -bn: inference BatchNormalization kept; by default both exporters fold it into the conv
+        # (legacy: constant folding; dynamo: onnxscript's optimizer, off also leaves its shape ops).
+        if exporter in ("legacy", "legacy-seq", "legacy-bn"):
             axes = {0: "batch", 1: "seq"} if exporter == "legacy-seq" else {0: "batch"}
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, opset_version=17,
-                              dynamic_axes={n: axes for n in names}, dynamo=False)
-        else:  # dynamo-seq: the sequence axis (1) dynamic too, up to the models' 16 positions
+                              dynamic_axes={n: axes for n in names}, dynamo=False,
+                              do_constant_folding=exporter != "legacy-bn", training=torch.onnx.TrainingMode.EVAL)
+        else:
             dims = {0: torch.export.Dim("batch", min=1, max=64)}
             if exporter == "dynamo-seq":
                 dims[1] = torch.export.Dim("seq", min=2, max=16)
             torch.onnx.export(model, args, path, input_names=names, output_names=outs, dynamo=True,
-                              dynamic_shapes=tuple(dims for _ in names), verbose=False)
+                              dynamic_shapes=tuple(dims for _ in names), verbose=False,
+                              optimize=exporter != "dynamo-bn")
 
 
 def cache_dir() -> str:
@@ -375,7 +383,8 @@ def cache_dir() -> str:
 
 
 def export(name: str, exporter: str) -> str:
-    """Path of ``name`` exported by ``exporter`` (legacy|dynamo|legacy-seq|dynamo-seq), exporting it on first use."""
+    """Path of ``name`` exported by ``exporter`` (legacy|dynamo, or either with -seq or -bn, see
+    ``_export``), exporting it on first use."""
     path = os.path.join(cache_dir(), f"{name}-{exporter}.onnx")
     if not os.path.exists(path):
         # Export under the final file name in a private folder (the dynamo exporter writes the
