@@ -49,6 +49,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
                    help="v3 on CUDA: K tile of the stitched GEMM stages (default 16); "
                         "tiles over 48 KB go to dynamic shared memory")
+    p.add_argument("--gemm-tile", type=int, default=None, choices=[16, 32, 64], metavar="N",
+                   help="v3 on CUDA: output tile side of the stitched SIMT GEMM stages, 16, 32 or 64 "
+                        "(default: per GEMM, the one the latency model predicts fills the stitched grid best)")
     p.add_argument("--reduction", default="deterministic", choices=["deterministic", "atomic"],
                    help="v3 on CUDA: two-phase reductions with a partial buffer and a combine (default), "
                         "or fp32 sums accumulated with atomicAdd")
@@ -276,7 +279,7 @@ def cmd_compile(args) -> int:
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
                              reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
-                             cuda_graph=args.cuda_graph)
+                             cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile)
     print(compiled.report.table())
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:

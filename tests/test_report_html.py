@@ -86,7 +86,8 @@ def test_page_is_self_contained_and_complete(v3):
     svg = page[page.index("<svg"):page.index("</svg>")]
     assert svg.count("<title>") == len(r.groups)            # one box (with tooltip) per group
     k = r.kernels[0]
-    assert f"<td class=n>{k.grid_syncs}</td>" in page and k.grid_syncs == len(k.stages) - 1
+    # at most a grid sync between stages (a two-phase partial after its GEMM needs only a block barrier)
+    assert f"<td class=n>{k.grid_syncs}</td>" in page and 0 < k.grid_syncs <= len(k.stages) - 1
 
 
 def test_layout_places_every_group_without_overlap(v3, v2):

@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ..core.geometry import MATMUL_K_TILE, STITCH_BLOCK
+from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
 from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, TensorCoreMatmul
@@ -51,7 +51,8 @@ RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "At
         "ColumnReduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
-def default_rules(block_size: int | None, gemm_k_tile: int | None = None) -> list[dl.ScheduleRule]:
+def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
+                  gemm_tile: int | None = None) -> list[dl.ScheduleRule]:
     """The rules ``schedule_group`` tries, in order."""
     if block_size is None:
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
@@ -59,7 +60,7 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None) -> lis
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size != STITCH_BLOCK:
         raise ScheduleError(f"stitched stages are scheduled with {STITCH_BLOCK} threads (asked: {block_size})")
-    return [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(gemm_k_tile or MATMUL_K_TILE),
+    return [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(gemm_k_tile or MATMUL_K_TILE, gemm_tile and gemm_tile // MATMUL_THREADS),
             ColumnReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
@@ -115,11 +116,12 @@ def undefined_buffers(func: tirx.PrimFunc) -> list[str]:
 
 
 def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: int | None = None,
-                   gemm_k_tile: int | None = None) -> Scheduled:
+                   gemm_k_tile: int | None = None, gemm_tile: int | None = None) -> Scheduled:
     """Schedule ``func`` for ``target`` with the first rule that applies.
 
     ``block_size`` forces every rule to use that many threads per block (stitched kernels);
-    ``gemm_k_tile`` sets the stitched GEMMs' K tile (shared tiles over 48 KB become dynamic).
+    ``gemm_k_tile`` sets the stitched GEMMs' K tile (shared tiles over 48 KB become dynamic),
+    ``gemm_tile`` their output tile side (16, 32 or 64; None: sized to the stitched grid).
     Raises ``ScheduleError`` when no rule applies.
     """
     if not is_cuda(target):
@@ -132,7 +134,7 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
     notes: list[RuleNote] = []
     failures = 0
     with target:
-        for rule in default_rules(block_size, gemm_k_tile):
+        for rule in default_rules(block_size, gemm_k_tile, gemm_tile):
             if not rule.is_target_available(target):
                 continue
             try:

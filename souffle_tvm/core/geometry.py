@@ -2,8 +2,13 @@
 
 STITCH_BLOCK = 256            # one block size for every stage of a stitched kernel
 
-# The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each.
+# The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each, or
+# 2x2 or 1x1 where the model predicts the smaller tile's count fills the grid better
+# (``codegen.rules.Matmul256``).
 MATMUL_THREADS, MATMUL_MICRO = 16, 4
-MATMUL_TILE = MATMUL_THREADS * MATMUL_MICRO
+MATMUL_MICROS = (4, 2, 1)
+# Blocks of a stitched kernel resident per SM, which a stage's tiles should fill: ptxas gives
+# stitched kernels about 80 registers per thread (zoo, sm_90), so 3 blocks of 256 threads.
+STITCH_BLOCKS_PER_SM = 3
 MATMUL_K_TILE = 16            # dlight's CUDA default; larger K tiles need more shared memory
 STATIC_SHARED_LIMIT = 48 * 1024   # bytes a kernel may declare statically

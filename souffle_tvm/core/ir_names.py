@@ -9,6 +9,7 @@ ATOMIC_ATTR = "souffle_atomic"        # ... on a first phase accumulated with at
 TILE_ATTR = "souffle_partial_tile"    # the GEMM tile width a first-phase stage reduces
 ROW_TILE_ATTR = "souffle_partial_rows"  # ... and the GEMM tile's row count (one block's rows)
 K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
+GEMM_TILE_ATTR = "souffle.gemm_tile"  # on a stitched GEMM stage's schedule: its output tile side
 SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
 STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count

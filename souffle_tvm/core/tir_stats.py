@@ -56,6 +56,29 @@ def dtype_bytes(dtype) -> int:
     return max(dt.bits * dt.lanes // 8, 1)
 
 
+def heaviest_block(func: tirx.PrimFunc) -> tuple[str, int, int, int]:
+    """(name, flops, bytes of its parameter footprint, bytes it writes) of the SBlock of an
+    unscheduled PrimFunc with the most flops: a GEMM group's contraction, the same whether or not
+    an epilogue is fused into the group."""
+    best = ("", 0, None)
+
+    def visit(blk):
+        nonlocal best
+        if not blk.iter_vars or not isinstance(blk.body, tirx.BufferStore):
+            return
+        flops = math.prod(extent(iv) for iv in blk.iter_vars) * expr_flops(blk.body.value)
+        if flops > best[1]:
+            best = (str(blk.name_hint), flops, blk)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
+    name, flops, blk = best
+    if blk is None:
+        return "", 0, 0, 0
+    foot = block_footprints(func, name)
+    written = sum(foot.get(w.source.name, 0) for w in blk.writes)
+    return name, flops, sum(foot.values()), written
+
+
 def block_flops(func: tirx.PrimFunc) -> dict[str, int]:
     """{written buffer name: flops} over the SBlocks of an unscheduled PrimFunc."""
     out: dict[str, int] = {}
@@ -139,8 +162,9 @@ def vars_in(*exprs) -> set:
     return seen
 
 
-def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
-    """{param buffer name: bytes} a PrimFunc touches, from its blocks' access regions.
+def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[str, int]:
+    """{param buffer name: bytes} a PrimFunc touches, from its blocks' access regions (``only``:
+    the block of that name alone).
 
     Each region is bounded as a box over the block's iteration domain. A dimension indexed by
     loaded data (take, gather) counts as many rows as the iteration variables feeding it can
@@ -152,6 +176,8 @@ def block_footprints(func: tirx.PrimFunc) -> dict[str, int]:
     sizes: dict[str, int] = {}
 
     def visit(blk):
+        if only is not None and blk.name_hint != only:
+            return
         ana = tvm.sym.Analyzer()
         extents = {}
         for iv in blk.iter_vars:

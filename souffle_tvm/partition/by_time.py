@@ -47,14 +47,22 @@ class Timer:
         self.measured = measured or MeasuredTimes()
         self.node = constants.node_us * 1e-6
         self._stage: dict[tuple[int, int, int], float] = {}
+        # group -> predicted seconds of another schedule it gets when left alone (v2's, where the
+        # model predicts it faster than the stitchable one): what a boundary around it then costs
+        self.rescheduled: dict[int, float] = {}
 
     def separate(self, g: int) -> float:
-        """Group ``g``'s lowered stages, each a kernel of its own in a CUDA graph; a time measured
-        on the GPU for the same kernel (``core.measured``) wins over the model's."""
+        """Group ``g`` as kernels of their own in a CUDA graph, as it will be built: a time measured
+        on the GPU for the same kernel (``core.measured``) wins over the model's, and the model's
+        is the faster of its stitchable schedule and the one it gets alone (``rescheduled``)."""
         keys = self.facts.kernel_keys
         known = self.measured.seconds(keys[g] if g < len(keys) else None)
         if known is not None:
             return known + self.node
+        return min(self.stitchable_alone(g), self.rescheduled.get(g, float("inf")))
+
+    def stitchable_alone(self, g: int) -> float:
+        """Group ``g``'s stitchable schedule (256 threads), each stage a kernel of its own."""
         return self.alone(self.facts.work[g], self.facts.stages[g])
 
     def alone(self, work: list[latency.Stage], estimates: list[estimate.Estimate]) -> float:

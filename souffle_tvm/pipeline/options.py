@@ -16,12 +16,14 @@ from dataclasses import dataclass, field, replace
 
 import tvm
 
+from ..core.geometry import MATMUL_MICROS, MATMUL_THREADS
 from ..core.targets import is_cuda
 from ..errors import OptionsError
 
 FUSIONS = ("tvm", "souffle")
 PARTITIONERS = ("budget", "time", "blocks")
 REDUCTIONS = ("deterministic", "atomic")
+GEMM_TILES = tuple(MATMUL_THREADS * m for m in sorted(MATMUL_MICROS))   # 16, 32, 64
 
 # The passes (by name) each level leaves out (``passes.SoufflePipeline`` reads it; stitching and
 # the prefetch are CUDA's alone, whatever the level).
@@ -37,7 +39,9 @@ STITCHING_LEVELS = ("v3", "v4")
 @dataclass(frozen=True)
 class Options:
     """How to compile. ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16;
-    tiles over 48 KB of shared memory go to dynamic shared memory). ``partitioner`` (v3):
+    tiles over 48 KB of shared memory go to dynamic shared memory). ``gemm_tile``: their output
+    tile side, 16, 32 or 64 (default: per GEMM, the one whose tile count the latency model
+    predicts fills the stitched grid best). ``partitioner`` (v3):
     "budget", resource-aware (as many groups as fit), "time", resource-aware and stitching only
     where the latency model predicts one kernel faster than separate kernels under a CUDA graph,
     or "blocks", a subprogram per attention / FFN block.
@@ -53,6 +57,7 @@ class Options:
     gemm_k_tile: int | None = None
     database: str | None = None
     nvcc: bool = True
+    gemm_tile: int | None = None
 
     def resolved(self) -> "Options":
         """``auto`` as the level it stands for (v3, time-driven unless a partitioner is given)."""
@@ -70,6 +75,8 @@ class Options:
                                      ("reduction form", self.reduction, REDUCTIONS)):
             if value not in allowed:
                 raise OptionsError(f"unknown {name} {value!r}; available: {', '.join(allowed)}")
+        if self.gemm_tile not in (None, *GEMM_TILES):
+            raise OptionsError(f"unknown GEMM tile {self.gemm_tile!r}; available: {', '.join(map(str, GEMM_TILES))}")
         if self.reduction == "atomic" and not is_cuda(target):
             raise OptionsError("atomic two-phase reductions are a CUDA option (the CPU twin is deterministic)")
         if self.database is not None and self.fusion != "souffle":

@@ -127,13 +127,16 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
     return _transform_pass("souffle.VerticalFusion", vertical, "vertical", vertical.__doc__)
 
 
-def TwoPhaseReduction(atomic: bool = False, judged: bool = False) -> tvm.transform.Pass:  # noqa: N802
+def TwoPhaseReduction(atomic: bool = False, judged: bool = False,  # noqa: N802
+                      gemm_tile: int | None = None) -> tvm.transform.Pass:
     """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
     ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA); ``judged``: only where the
-    latency model predicts the split faster (``policies.split_pays``)."""
+    latency model predicts the split faster (``policies.split_pays``); ``gemm_tile``: the SIMT
+    GEMM tile side the options fix (None: the one each GEMM's schedule sizes to the grid)."""
     judge = policies.split_pays if judged else None
     return _transform_pass("souffle.TwoPhaseReduction",
-                           lambda prog: two_phase(prog, policies.gemm_tile, atomic=atomic, judge=judge),
+                           lambda prog: two_phase(prog, lambda gemm: policies.gemm_tile(gemm, gemm_tile),
+                                                             atomic=atomic, judge=judge),
                            "two_phase", two_phase.__doc__)
 
 
@@ -146,15 +149,16 @@ class PartitionAndEmit:
     """Draw kernel boundaries (with schedule feedback on CUDA) and emit one PrimFunc per group."""
 
     def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None,
-                 gemm_k_tile: int | None = None, database=None):
+                 gemm_k_tile: int | None = None, database=None, gemm_tile: int | None = None):
         self.target = target
         self.block_size = block_size
-        self.gemm_k_tile = gemm_k_tile
+        self.gemm_k_tile, self.gemm_tile = gemm_k_tile, gemm_tile
         self.database = database
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prog = _program(mod)
-        scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database)
+        scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database,
+                                           self.gemm_tile)
         part = kernels.partition_groups(prog)
         readers = readers_of(prog)
         # Schedule feedback, in topological order (the schedule cache keeps the first of equal
@@ -217,6 +221,7 @@ class StitchSubprograms:
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
             timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
+            alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer)
         else:
             subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
@@ -230,7 +235,7 @@ class StitchSubprograms:
         if self.partitioner == "time":
             # what stays alone is built as v2 builds it; ``clean`` (kept as "unstitched") keeps the
             # stitchable schedules, so a ptxas-feedback restitch can still join any groups
-            built = policies.reschedule_alone(clean, info["unscheduled"], groups, subs, target, timer)
+            built = policies.reschedule_alone(clean, groups, subs, alone)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids)
         if mod.attrs is not None and PARAMS in mod.attrs:
@@ -278,9 +283,10 @@ def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None
     steps = [LowerToTE(params)] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too
     judged = options.partitioner == "time"
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic", judged),
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic", judged, options.gemm_tile),
               PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
-                               options.gemm_k_tile if stitching else None, database)]
+                               options.gemm_k_tile if stitching else None, database,
+                               options.gemm_tile if stitching else None)]
     if stitching:
         steps += [StitchSubprograms(target, options.partitioner, feedback),
                   PlantPrefetch(target, (feedback or Feedback()).no_prefetch)]

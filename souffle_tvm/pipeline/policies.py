@@ -26,7 +26,7 @@ from ..codegen.database import lookup
 from ..core import estimate, hardware, latency, measured, tir_stats
 from ..codegen.rules import Matmul256, TensorCoreMatmul
 from ..core.geometry import STITCH_BLOCK
-from ..core.ir_names import NOTE_ATTR, SOURCE_ATTR
+from ..core.ir_names import GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
 from ..partition import by_time
@@ -42,10 +42,11 @@ class ScheduleCache:
     """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
     when it holds a usable record for it (``database.lookup``), else by the default rules."""
 
-    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None):
+    def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None,
+                 gemm_tile: int | None = None):
         self.target = target
         self.block_size = block_size
-        self.gemm_k_tile = gemm_k_tile
+        self.gemm_k_tile, self.gemm_tile = gemm_k_tile, gemm_tile
         self.database = database
         self.cache: dict = {}
         self.failures = 0     # rules that raised, over every distinct function scheduled
@@ -58,7 +59,8 @@ class ScheduleCache:
         done = self._tuned(func) if self.database is not None else None
         if not isinstance(done, schedule.Scheduled):
             why = done
-            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile)
+            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile,
+                                           self.gemm_tile)
             self.failures += done.failures
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
@@ -106,29 +108,33 @@ class ScheduleCache:
 _TILES: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer
 
 
-def gemm_tile(gemm: te.Tensor) -> tuple[int, int] | None:
+def gemm_tile(gemm: te.Tensor, side: int | None = None) -> tuple[int, int] | None:
     """The output tile (rows, columns) one block of ``gemm``'s stitched schedule writes, or
-    None when it has no such tile a two-phase partial could share: ``core.geometry.MATMUL_TILE``
-    squares of 16x16 SIMT threads (``Matmul``), or the tensor-core rule's warp tile
+    None when it has no such tile a two-phase partial could share: the square the SIMT rule
+    sizes to the stitched grid (``Matmul``: 64, 32 or 16 wide, 16x16 threads), or the tensor-core rule's warp tile
     (``TensorCoreMatmul``, fp16: 64 x 128). Decided for CUDA, whatever the target, so the CPU
-    twin runs the same program. The stitcher still proves each partial block-local (else it
+    twin runs the same program. ``side``: the SIMT tile side the options fix (``Options.gemm_tile``).
+    The stitcher still proves each partial block-local (else it
     keeps a grid sync): this answer only says where a proof can succeed."""
     func, _ = emit.group_primfunc(Group([gemm]), [gemm])
-    key = tvm_ffi.structural_hash(func)
+    key = (tvm_ffi.structural_hash(func), side)
     if key not in _TILES:
-        _TILES[key] = _tile_of(func, make_target("cuda"))
+        _TILES[key] = _tile_of(func, make_target("cuda"), side)
     return _TILES[key]
 
 
-def _tile_of(func: tirx.PrimFunc, target) -> tuple[int, int] | None:
+def _tile_of(func: tirx.PrimFunc, target, side: int | None) -> tuple[int, int] | None:
     try:
-        done = schedule.schedule_group(func, target, STITCH_BLOCK)
+        done = schedule.schedule_group(func, target, STITCH_BLOCK, gemm_tile=side)
         stages = lower.lower_stage("gemm", done.func, target) if done.rule in _TILE_RULES else []
     except (ScheduleError, StitchError):
         return None
     # one launch region, its threads the rule's own (not, e.g., a tuned variant's)
     if len(stages) != 1 or _thread_count(stages[0]) != _TILE_RULES[done.rule].threads:
         return None
+    if GEMM_TILE_ATTR in done.func.attrs:     # the tile the rule chose for this GEMM's grid
+        side = int(done.func.attrs[GEMM_TILE_ATTR])
+        return side, side
     return _TILE_RULES[done.rule].tile
 
 
@@ -260,34 +266,39 @@ def _repeats(calls: GroupCalls) -> list[int | None]:
     return rolling.repeats(sigs, reads)
 
 
-def reschedule_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group],
-                     subprograms: list[tuple[list[int], str]], target: tvm.target.Target, timer: by_time.Timer,
-                     gemm_k_tile: int | None = None) -> tvm.IRModule:
-    """Groups left as kernels of their own get the schedule v2 gives them (the default rules'
-    block size) instead of the stitched kernel's 256 threads where the latency model predicts
-    it faster (``timer``: the partitioner's, which already timed the stitchable schedule); a
-    function that is also a stage of a stitched subprogram keeps its stitchable schedule."""
+def schedules_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
+                    timer: by_time.Timer, gemm_k_tile: int | None = None) -> dict[int, tirx.PrimFunc]:
+    """Per group, the schedule v2 gives it (the default rules' block size) where the latency
+    model predicts it faster than the stitchable one as a kernel of its own; each such group's
+    time is recorded in ``timer.rescheduled``, so the partitioner prices a boundary around it at
+    what will be built."""
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
+    cache = ScheduleCache(target, None, gemm_k_tile)
+    out: dict[int, tirx.PrimFunc] = {}
+    for i, g in enumerate(groups):
+        if g.opaque is not None or i not in calls.call_index or not timer.facts.work[i]:
+            continue
+        v2 = cache(raw.func(i)).func
+        alt = _alone_seconds(v2, raw.func(i), target, timer)
+        if alt is not None and alt < timer.stitchable_alone(i):
+            out[i], timer.rescheduled[i] = v2, alt
+    return out
+
+
+def reschedule_alone(mod: tvm.IRModule, groups: list[Group], subprograms: list[tuple[list[int], str]],
+                     alone: dict[int, tirx.PrimFunc]) -> tvm.IRModule:
+    """Groups left as kernels of their own get their ``alone`` schedule (``schedules_alone``); a
+    function that is also a stage of a stitched subprogram keeps its stitchable schedule."""
+    calls = GroupCalls(mod, groups)
 
     def gv_of(i: int):
         return calls.calls[calls.call_index[i]].args[0]
 
     keep = {gv_of(i).name_hint for idx, _ in subprograms if len(idx) > 1 for i in idx if i in calls.call_index}
-    seen: set[str] = set()
-    cache = ScheduleCache(target, None, gemm_k_tile)
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for idx, _ in subprograms:
-        i = idx[0]
-        if len(idx) != 1 or i not in calls.call_index or groups[i].opaque is not None:
-            continue
-        gv = gv_of(i)
-        if gv.name_hint in keep or gv.name_hint in seen:
-            continue
-        seen.add(gv.name_hint)
-        v2 = cache(raw.func(i)).func
-        alt = _alone_seconds(v2, raw.func(i), target, timer)
-        if alt is not None and alt < timer.separate(i):
-            out.update_func(gv, v2)
+        if len(idx) == 1 and idx[0] in alone and gv_of(idx[0]).name_hint not in keep:
+            out.update_func(gv_of(idx[0]), alone[idx[0]])
     return out
 
 

@@ -1,11 +1,17 @@
-"""Matmul256: dlight's GEMM schedule at a stitched kernel's 256 threads (reported as "Matmul")."""
+"""Matmul256: dlight's GEMM schedule at a stitched kernel's 256 threads (reported as "Matmul"),
+its tile sized to the kernel's grid."""
 
 from __future__ import annotations
 
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ...core import tir_stats
-from ...core.geometry import MATMUL_K_TILE, MATMUL_MICRO, MATMUL_THREADS, MATMUL_TILE, STATIC_SHARED_LIMIT
+from ...core import hardware, latency, tir_stats
+from ...core.geometry import (MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREADS, STATIC_SHARED_LIMIT,
+                              STITCH_BLOCKS_PER_SM)
+from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
 
 
@@ -14,43 +20,86 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
     and a chosen K tile. Tiles past the 48 KB a kernel may declare statically go to
     dynamic shared memory (``shared.dyn``), which TVM's runtime opts in for at launch.
 
+    The stage geometry: each thread computes ``micro x micro`` outputs, so a block's tile is 64,
+    32 or 16 wide. Unless ``micro`` is given, the rule schedules each and keeps the one the
+    latency model predicts fastest on ``slots`` resident blocks (default: a stitched kernel's,
+    ``STITCH_BLOCKS_PER_SM`` per SM): a GEMM whose 64-wide tiles leave most of the grid idle
+    takes smaller tiles that fill it, one whose tiles already fill whole waves keeps the
+    operand reuse of the large tile. The choice reads only the GEMM's contraction (its
+    heaviest block), so a GEMM gets the same tile with or without a fused epilogue, the tile a
+    two-phase partial shares (``GEMM_TILE_ATTR`` on the schedule says which).
+
     (``import tvm`` already imports dlight, so subclassing it here costs no import time.)"""
 
-    def __init__(self, k_tile: int = MATMUL_K_TILE):
+    def __init__(self, k_tile: int = MATMUL_K_TILE, micro: int | None = None, slots: int | None = None):
         super().__init__()
-        self.k_tile = k_tile
+        self.k_tile, self.micro, self.slots = k_tile, micro, slots
+        self._micro = micro or MATMUL_MICRO     # what get_configs hands dlight
 
     @property
     def threads(self) -> int:
         return MATMUL_THREADS * MATMUL_THREADS
 
-    @property
-    def tile(self) -> tuple[int, int]:
-        """The output tile one block writes (rows x columns): the one a two-phase partial shares."""
-        return MATMUL_TILE, MATMUL_TILE
-
     def get_configs(self, target):
         config = super().get_configs(target)
         config.block_size_x = config.block_size_y = MATMUL_THREADS
-        config.micro_size_x = config.micro_size_y = MATMUL_MICRO
+        config.micro_size_x = config.micro_size_y = self._micro
         config.vthread_x = config.vthread_y = 1
         config.micro_size_k = self.k_tile
         return config
 
     def apply(self, func, target, tunable):
-        sch = super().apply(func, target, tunable)
+        if self.micro is not None:
+            return self._apply(func, target, self.micro)
+        best = None
+        for micro in MATMUL_MICROS:
+            sch = self._apply(func, target, micro)
+            if sch is None or isinstance(sch, list):
+                return sch if best is None else best[1]
+            seconds = self.predicted_seconds(func, sch.mod["main"], target)
+            if best is None or seconds < best[0]:
+                best = (seconds, sch)
+        return best[1]
+
+    def predicted_seconds(self, func: tirx.PrimFunc, scheduled: tirx.PrimFunc, target: tvm.target.Target) -> float:
+        """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles on
+        the resident blocks of a stitched kernel (an estimate; grid-stride, so extra waves
+        restart tiles)."""
+        gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
+        slots = self.slots or gpu.sms * STITCH_BLOCKS_PER_SM
+        _, flops, nbytes, written = tir_stats.heaviest_block(func)
+        stage = latency.Stage(block_count(scheduled), self.threads, nbytes, flops, False, written,
+                              tir_stats.stored_element_bytes(func))
+        return latency.stage_time(gpu, latency.FITTED, stage, slots, persistent=True).seconds
+
+    def _apply(self, func, target, micro: int):
+        self._micro = micro
+        sch = super().apply(func, target, False)
         if sch is None or isinstance(sch, list):
             return sch
+        side = MATMUL_THREADS * micro
         shared = [b for b in _blocks(sch) if any(str(w.source.ty.storage_scope) == "shared"
                                                  for w in sch.get(b).writes)]
-        # Per K step each shared buffer holds a MATMUL_TILE x k_tile tile (the allocations
-        # still have the full operand shape here; compaction comes later).
-        total = sum(MATMUL_TILE * self.k_tile * tir_stats.dtype_bytes(w.source.ty.dtype)
+        # Per K step each shared buffer holds a side x k_tile tile (the allocations still have
+        # the full operand shape here; compaction comes later).
+        total = sum(side * self.k_tile * tir_stats.dtype_bytes(w.source.ty.dtype)
                     for b in shared for w in sch.get(b).writes)
         if total > STATIC_SHARED_LIMIT:
             for b in shared:
                 sch.set_scope(b, 0, "shared.dyn")
-        return sch
+        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, side))
+
+
+def block_count(func: tirx.PrimFunc) -> int:
+    """Blocks a scheduled PrimFunc launches: the product of its ``blockIdx`` loop extents."""
+    count = [1]
+
+    def loop(node):
+        if node.thread_binding is not None and str(node.thread_binding.thread_tag).startswith("blockIdx"):
+            count[0] *= int(node.extent.value) if hasattr(node.extent, "value") else 1
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, loop))
+    return count[0]
 
 
 def _blocks(sch) -> list:
