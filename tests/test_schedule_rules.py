@@ -134,7 +134,7 @@ class Boom(dl.ScheduleRule):
 def test_a_raising_rule_is_noted_by_name_and_the_next_rule_is_used(monkeypatch):
     plain = schedule.schedule_group(_elementwise(), CUDA, 256)
     real = schedule.default_rules
-    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None: [Boom(), *real(bs, k)])
+    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None, t=None: [Boom(), *real(bs, k, t)])
     done = schedule.schedule_group(_elementwise(), CUDA, 256)
     assert done.rule == plain.rule
     assert done.notes[0] == "Boom: RuntimeError the rule's reason"
@@ -143,7 +143,7 @@ def test_a_raising_rule_is_noted_by_name_and_the_next_rule_is_used(monkeypatch):
 
 
 def test_when_every_rule_raises_the_error_names_them(monkeypatch):
-    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None: [Boom(), Boom()])
+    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None, t=None: [Boom(), Boom()])
     with pytest.raises(ScheduleError, match="no dlight rule schedules it: Boom: RuntimeError the rule's reason; Boom"):
         schedule.schedule_group(_elementwise(), CUDA, 256)
 
@@ -154,7 +154,7 @@ def test_rules_unavailable_for_the_target_are_not_tried(monkeypatch):
             return False
 
     real = schedule.default_rules
-    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None: [NotHere(), *real(bs, k)])
+    monkeypatch.setattr(schedule, "default_rules", lambda bs, k=None, t=None: [NotHere(), *real(bs, k, t)])
     assert schedule.schedule_group(_gemm(), CUDA, 256).notes == []
 
 
