@@ -38,9 +38,15 @@ from ..stitch.module import ExprKey
 from ..transforms.two_phase import Candidate
 
 
+# The default rules' schedules, across compiles in one process (the rules are deterministic):
+# (target, block size, K tile, GEMM tile, structural hash) -> [(group PrimFunc, Scheduled)]
+_DEFAULT_SCHEDULES: dict = {}
+
+
 class ScheduleCache:
     """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
-    when it holds a usable record for it (``database.lookup``), else by the default rules."""
+    when it holds a usable record for it (``database.lookup``), else by the default rules
+    (whose schedules later compiles in the same process reuse)."""
 
     def __init__(self, target, block_size: int | None = None, gemm_k_tile: int | None = None, database=None,
                  gemm_tile: int | None = None):
@@ -59,12 +65,21 @@ class ScheduleCache:
         done = self._tuned(func) if self.database is not None else None
         if not isinstance(done, schedule.Scheduled):
             why = done
-            done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile,
-                                           self.gemm_tile)
+            done = self._default(func)
             self.failures += done.failures
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
                 done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)
+        bucket.append((func, done))
+        return done
+
+    def _default(self, func) -> schedule.Scheduled:
+        key = (str(self.target), self.block_size, self.gemm_k_tile, self.gemm_tile, tvm_ffi.structural_hash(func))
+        bucket = _DEFAULT_SCHEDULES.setdefault(key, [])
+        for seen, done in bucket:
+            if tvm_ffi.structural_equal(seen, func):
+                return done
+        done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile, self.gemm_tile)
         bucket.append((func, done))
         return done
 
