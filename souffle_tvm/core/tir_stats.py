@@ -56,6 +56,14 @@ def dtype_bytes(dtype) -> int:
     return max(dt.bits * dt.lanes // 8, 1)
 
 
+def _sblock_flops(blk) -> int:
+    """Flops of one SBlock of an unscheduled PrimFunc: its instances x its body's arithmetic
+    (0 for a block that is not one store)."""
+    if not blk.iter_vars or not isinstance(blk.body, tirx.BufferStore):
+        return 0
+    return math.prod(extent(iv) for iv in blk.iter_vars) * expr_flops(blk.body.value)
+
+
 def heaviest_block(func: tirx.PrimFunc) -> tuple[str, int, int, int]:
     """(name, flops, bytes of its parameter footprint, bytes it writes) of the SBlock of an
     unscheduled PrimFunc with the most flops: a GEMM group's contraction, the same whether or not
@@ -64,9 +72,7 @@ def heaviest_block(func: tirx.PrimFunc) -> tuple[str, int, int, int]:
 
     def visit(blk):
         nonlocal best
-        if not blk.iter_vars or not isinstance(blk.body, tirx.BufferStore):
-            return
-        flops = math.prod(extent(iv) for iv in blk.iter_vars) * expr_flops(blk.body.value)
+        flops = _sblock_flops(blk)
         if flops > best[1]:
             best = (str(blk.name_hint), flops, blk)
 
@@ -86,10 +92,8 @@ def block_flops(func: tirx.PrimFunc) -> dict[str, int]:
     def visit(blk):
         if not blk.iter_vars or not isinstance(blk.body, tirx.BufferStore):
             return
-        instances = math.prod(extent(iv) for iv in blk.iter_vars)
-        ops = expr_flops(blk.body.value)
         name = blk.writes[0].source.name if blk.writes else blk.name_hint
-        out[name] = out.get(name, 0) + instances * ops
+        out[name] = out.get(name, 0) + _sblock_flops(blk)
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
     return out

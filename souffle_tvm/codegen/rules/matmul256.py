@@ -51,11 +51,8 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
     def apply(self, func, target, tunable):
         if self.micro is not None:
             return self._apply(func, target, self.micro)
-        # the same GEMM again (every compile asks, and so does the two-phase pass): its choice
-        bucket = _CHOSEN.setdefault((tvm_ffi.structural_hash(func), str(target), self.k_tile, self.slots), [])
-        known = next((micro for seen, micro in bucket if tvm_ffi.structural_equal(seen, func)), None)
-        if known is not None:
-            return self._apply(func, target, known)
+        # (repeats are not scheduled again: pipeline.policies keeps the default rules' schedules
+        # across compiles, and each GEMM's tile for the two-phase pass)
         best = None
         for micro in MATMUL_MICROS:
             sch = self._apply(func, target, micro)
@@ -65,8 +62,7 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
                 break
             seconds = self.predicted_seconds(func, sch.mod["main"], target)
             if best is None or seconds < best[0]:
-                best = (seconds, sch, micro)
-        bucket.append((func, best[2]))
+                best = (seconds, sch)
         return best[1]
 
     def predicted_seconds(self, func: tirx.PrimFunc, scheduled: tirx.PrimFunc, target: tvm.target.Target) -> float:
@@ -96,9 +92,6 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
             for b in shared:
                 sch.set_scope(b, 0, "shared.dyn")
         return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, side))
-
-
-_CHOSEN: dict = {}   # (structural hash, target, K tile, slots) -> [(GEMM PrimFunc, micro chosen)]
 
 
 def block_count(func: tirx.PrimFunc) -> int:
