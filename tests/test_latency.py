@@ -12,7 +12,7 @@ from souffle_tvm.core.hardware import GPUS
 
 H200 = GPUS["h200"]
 C = latency.Constants(launch_us=5.0, node_us=1.5, sync_us=2.0, mem_efficiency=0.7, warp_gbps=2.0,
-                      flop_efficiency=0.5)
+                      flop_efficiency=0.5, latency_us=0.3)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -22,9 +22,24 @@ def test_waves_and_tail():
     assert (full.waves, full.tail) == (2, 0.0)
     tail = latency.stage_time(H200, C, latency.Stage(133, 256, 133 * 1024, 0), slots=132)
     assert tail.waves == 2 and tail.tail == pytest.approx(131 / 132)
-    # the lone tile of the second wave runs with 8 warps' bandwidth: 1 KiB / (8 x 2 GB/s)
+    # the lone tile of the second wave loads 1 KiB at 8 warps' bandwidth (1 KiB / (8 x 2 GB/s)
+    # = 0.064 us), but a wave takes at least one round trip: latency_us
     one_wave = latency.stage_time(H200, C, latency.Stage(132, 256, 132 * 1024, 0), slots=132)
-    assert tail.seconds == pytest.approx(one_wave.seconds + 1024 / (8 * 2e9))
+    assert one_wave.seconds == pytest.approx(0.3e-6)
+    assert tail.seconds == pytest.approx(one_wave.seconds + 0.3e-6)
+    # waves that load more than a round trip's worth take their bandwidth time: 64 KiB a tile at
+    # 8 warps x 2 GB/s each, 4.1 us a wave
+    big = latency.stage_time(H200, C, latency.Stage(133, 256, 133 * 64 * 1024, 0), slots=132)
+    assert big.seconds == pytest.approx(2 * 64 * 1024 / (8 * 2e9))
+
+
+def test_a_tile_loads_at_most_the_whole_footprint():
+    # a 64x64 output tile of a K=1024 GEMM re-reads 2 x 64 x 1024 operand elements (from L2)...
+    gemm = latency.Stage(16, 256, 3 * 256 * 1024 * 4, 2 * 256 * 256 * 1024, written_bytes=256 * 256 * 4)
+    assert gemm.tile_loads() == pytest.approx(2 * 64 * 1024 * 4)
+    # ...but one tile holding the whole output stages each operand element once: its footprint
+    gemv = latency.Stage(1, 256, 4736, 131072, written_bytes=512)
+    assert gemv.tile_loads() == 4736
 
 
 def test_latency_hiding_bounds_bandwidth():

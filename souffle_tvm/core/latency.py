@@ -15,6 +15,9 @@ bytes and flops. The terms, each physical:
   memory of the worst stage, imposed on all stages of a stitched kernel) bounds the warps.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
   times ``flop_efficiency``, lower where an SM has too few warps to hide latency.
+* **A round trip per wave.** However little a wave loads, its loads, arithmetic and stores
+  depend on one another: it takes at least ``latency_us`` (a dependent trip to memory and
+  back, and the stores made visible before whatever waits on them).
 * **Grid-stride tiles.** In a stitched kernel a block runs its next tile of a stage only after
   its previous one (no other block's tile overlaps its start the way a new block does in a
   kernel of its own): ``tile_us`` per extra wave.
@@ -44,8 +47,9 @@ class Constants:
     sync_us: float = 2.0            # one grid.sync(), with the cold restart of every block after it
     mem_efficiency: float = 0.8     # of the DRAM datasheet bandwidth (not fitted: what a streaming kernel reaches)
     warp_gbps: float = 2.0          # GB/s one warp sustains (bytes in flight / memory latency)
-    flop_efficiency: float = 0.3    # of the datasheet peak, for the arithmetic of scheduled stages
+    flop_efficiency: float = 0.9    # of the datasheet peak (not fitted: every fit and refit put it at 0.9, its bound)
     tile_us: float = 2.0            # a stitched stage's block starting its next tile (grid-stride): no overlap
+    latency_us: float = 0.7         # the least one wave takes: dependent loads, arithmetic, stores made visible
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
@@ -53,11 +57,12 @@ class Constants:
 
 # Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.
-FITTED = Constants(launch_us=8.336, node_us=1.07, sync_us=1.367, tile_us=0.6295, warp_gbps=0.6522, flop_efficiency=0.9)
+FITTED = Constants(launch_us=7.983, node_us=0.5357, sync_us=1.157, tile_us=0.1, warp_gbps=0.6149, latency_us=0.6764)
 
-NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "flop_efficiency")
+NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "latency_us")
 RANGES = {"launch_us": (1.0, 15.0), "node_us": (0.5, 5.0), "sync_us": (0.5, 8.0),
-          "mem_efficiency": (0.4, 0.95), "tile_us": (0.1, 20.0), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9)}
+          "mem_efficiency": (0.4, 0.95), "tile_us": (0.1, 20.0), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9),
+          "latency_us": (0.3, 2.0)}
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,13 @@ class Stage:
     def tile_loads(self) -> float:
         """Bytes one tile loads: its share of the footprint, or for a contraction the operand
         panels of a square output tile of side m (2 m K elements for 2 m^2 K flops), read again
-        by every tile that shares them (from L2, at the loading warps' pace)."""
+        by every tile that shares them (from L2, at the loading warps' pace). Never more than
+        the whole footprint: a tile stages each operand element through shared memory once."""
         share = self.bytes / self.tiles
         if self.written_bytes <= 0 or self.flops <= 0:
             return share
         side = math.sqrt(max(self.written_bytes / self.elem_bytes / self.tiles, 1.0))
-        return max(share, self.flops / self.tiles / side * self.elem_bytes)
+        return max(share, min(self.bytes, self.flops / self.tiles / side * self.elem_bytes))
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     for active, count in ((slots, full), (rest, 1 if rest else 0)):
         if count:
             m, f = wave_seconds(gpu, c, stage, active)
-            mem, comp, seconds = mem + count * m, comp + count * f, seconds + count * max(m, f)
+            mem, comp = mem + count * m, comp + count * f
+            seconds += count * max(m, f, c.latency_us * 1e-6)
     tail = (slots - rest) / slots if rest else 0.0
     if persistent:
         seconds += (waves - 1) * c.tile_us * 1e-6
