@@ -20,6 +20,8 @@ from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from .cooperative import attach_cooperative_launch
+from .launch_bounds import apply_register_caps
+from ..codegen.database import register_tensor_intrinsics
 from ..core import tir_stats
 from ..core.targets import is_cuda
 
@@ -102,7 +104,8 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _recording_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
-    return tvm.transform.Sequential([pipeline, attach_cooperative_launch, record_device_kernels]), host, device
+    return tvm.transform.Sequential([apply_register_caps, pipeline, attach_cooperative_launch,
+                                     record_device_kernels]), host, device
 
 
 TIR_PIPELINE = "souffle_tvm.recorded"   # TVM's s_tir pipeline + cooperative tag + kernel record
@@ -131,10 +134,15 @@ def _passed_over_if_raising(rule):
     """A dlight rule that, where it raises, does not apply (the next rule is tried), as our own
     rules are treated in ``codegen.schedule``. dlight's Matmul raises "There are some consumers
     of the cache-write stage that are not properly inlined" on one of EfficientNet's fused
-    functions (torch exports, ``--fusion tvm`` on CUDA), which ended the whole build."""
+    functions (torch exports, ``--fusion tvm`` on CUDA), which ended the whole build.
+
+    Before an fp16 function, the CUDA tensor intrinsics dlight's Matmul imports are registered
+    our way (``register_tensor_intrinsics``: 3 s instead of dlight's import of every target's)."""
     from tvm.s_tir import dlight as dl
 
     def apply(func, target, tunable):
+        if is_cuda(target) and any(str(getattr(p.ty, "dtype", "")) == "float16" for p in func.params):
+            register_tensor_intrinsics(target)
         try:
             return rule.apply(func, target, tunable)
         except Exception:  # noqa: BLE001 - dlight raises AssertionError/ScheduleError/...; Fallback follows

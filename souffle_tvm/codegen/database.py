@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
+import linecache
 import os
 import platform
 import shutil
@@ -66,7 +68,35 @@ def register_tensor_intrinsics(target: tvm.target.Target) -> None:
         pkg.__path__, pkg.__spec__, pkg.__package__ = list(spec.submodule_search_locations), spec, name
         sys.modules[name] = pkg
     for sub in _INTRIN_MODULES.get(target.kind.name, ()):
-        importlib.import_module(f"{name}.{sub}")
+        if f"{name}.{sub}" not in sys.modules:
+            with _cheap_stacks():
+                importlib.import_module(f"{name}.{sub}")
+
+
+def _stack(context: int = 1) -> list[inspect.FrameInfo]:
+    """``inspect.stack()`` with each frame's line from ``linecache``, not from ``inspect.getmodule``."""
+    frames, frame = [], sys._getframe(1)
+    while frame is not None:
+        code, lineno = frame.f_code, frame.f_lineno
+        line = linecache.getline(code.co_filename, lineno) if context > 0 else ""
+        frames.append(inspect.FrameInfo(frame, code.co_filename, lineno, code.co_name, [line] if line else None,
+                                        0 if line else None))
+        frame = frame.f_back
+    return frames
+
+
+@contextlib.contextmanager
+def _cheap_stacks():
+    """Each of the ~180 TVMScript functions the cuda intrinsics module parses calls
+    ``inspect.stack()``, which looks up every frame's module by scanning ``sys.modules``: 10-15 s
+    of a compile with TVM's ~3000 modules loaded (docs/tvm-workarounds.md). The parser reads only
+    the frames, their code and one line of context, so they are built directly meanwhile."""
+    stack = inspect.stack
+    inspect.stack = _stack
+    try:
+        yield
+    finally:
+        inspect.stack = stack
 
 
 def open_database(work_dir: str, create: bool = False):

@@ -96,9 +96,11 @@ class Feedback:
     be co-resident). ``grids``: stitched kernel name -> blocks to launch (None: from the static
     estimate when ``estimated_grids``, a build then checks them, else one block per SM, which is
     co-resident whenever a block fits at all). ``no_prefetch``: V4 kernels to stitch without
-    their L2 prefetch (they did not fit with it)."""
+    their L2 prefetch (they did not fit with it). ``min_blocks``: stitched kernel name -> its
+    register cap, as blocks per SM (``__launch_bounds__``)."""
 
     forced: dict = field(default_factory=dict)
     grids: dict | None = None
     estimated_grids: bool = False
     no_prefetch: frozenset = frozenset()
+    min_blocks: dict = field(default_factory=dict)

@@ -237,7 +237,7 @@ class StitchSubprograms:
             # stitchable schedules, so a ptxas-feedback restitch can still join any groups
             built = policies.reschedule_alone(clean, groups, subs, alone)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
-                                      block=STITCH_BLOCK, grids=grids)
+                                      block=STITCH_BLOCK, grids=grids, min_blocks=self.feedback.min_blocks)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,

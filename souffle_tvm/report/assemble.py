@@ -153,6 +153,7 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
         if sk is not None:
             kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
             kr.prefetched_bytes = sk.prefetched_bytes or None
+            kr.min_blocks = sk.min_blocks
             kr.bytes = sum(result.footprints[sk.function].values())
             kr.stage_plan = stage_plan(result, sk, stage_funcs)
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own

@@ -30,7 +30,8 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
                    count their stages) and ``schedule_note`` (why a record was not used);
                    ``tensor_core``, ``written_bytes``, ``elem_bytes``; stitched kernels
                    ``stage_plan`` (per stage: tiles and threads it would launch alone, bytes,
-                   written_bytes, flops, tensor_core, elem_bytes), what the latency model reads
+                   written_bytes, flops, tensor_core, elem_bytes), what the latency model reads;
+                   ``min_blocks`` where the kernel's registers are capped (``__launch_bounds__``)
 cuda_graph         built with ``--cuda-graph`` (TVM's ``relax.backend.use_cuda_graph``): graph
                    ``replays``, ``captured_launches`` and ``launches_outside`` per inference;
                    each kernel's ``launches_outside_graph``
@@ -81,6 +82,7 @@ class KernelReport:
     elem_bytes: int | None = None        # element size of what it stores
     stage_plan: list[dict] | None = None  # stitched kernels: per stage tiles, threads, bytes, flops, tensor_core
     launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
+    min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
 
 
 @dataclass

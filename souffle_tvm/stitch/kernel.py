@@ -22,14 +22,15 @@ from tvm import tirx
 from . import dependence, rolling
 from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
 from .lower import LoweredStage, wide_thread
-from ..core.ir_names import K_OPAQUE, STAGE_BLOCKS, STAGE_THREADS
+from ..core.ir_names import K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
            target: tvm.target.Target | None = None, param_keys: list | None = None,
-           stackable: Callable[[Hashable], bool] | None = None) -> tuple[tirx.PrimFunc, list[bool], list]:
+           stackable: Callable[[Hashable], bool] | None = None,
+           min_blocks: int | None = None) -> tuple[tirx.PrimFunc, list[bool], list]:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
@@ -39,7 +40,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     of a stacked buffer: made here, not used after the kernel), runs of repeated stages become
     loops (``rolling``). Returns the function, per stage whether a grid sync precedes it, and
     the stacked buffers (``rolling.Stack``: parameters after those of ``param_keys``, which no
-    longer include the keys they stack).
+    longer include the keys they stack). ``min_blocks``: the register cap, as the blocks per SM
+    nvcc must leave room for (``MIN_BLOCKS_ATTR``; the build turns it into ``__launch_bounds__``).
     """
     param_of: dict = {}
     for st, keys in zip(stages, args):
@@ -108,6 +110,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     attrs = {"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": K_OPAQUE}
     if target is not None:
         attrs["target"] = target
+    if min_blocks:
+        attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
     return func, syncs, stacks
 

@@ -41,6 +41,7 @@ class StitchedKernel:
     prefetched_bytes: int = 0      # V4: bytes of inputs prefetched into L2 ahead of the segment reading them
     stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
     geometry: list[tuple[int, int]] = field(default_factory=list)   # per stage: (tiles, threads) as its own kernel
+    min_blocks: int | None = None  # register cap: nvcc leaves room for this many blocks per SM
 
 
 def kernel_name(subprogram: int) -> str:
@@ -72,7 +73,8 @@ class Produced(NamedTuple):
 
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
                   block: int = STITCH_BLOCK,
-                  grids: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  grids: dict[str, int] | None = None,
+                  min_blocks: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
@@ -81,7 +83,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
 
     Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
     stages has (more would idle at every grid sync). The co-resident limit is left to the
-    build, which has ptxas' figures. Identical kernels (repeated layers) share one PrimFunc.
+    build, which has ptxas' figures. ``min_blocks``: kernel name -> its register cap (blocks
+    per SM nvcc must leave room for). Identical kernels (repeated layers) share one PrimFunc.
     """
     main = mod["main"]
     bindings = [b for blk in main.body.blocks for b in blk.bindings]
@@ -122,7 +125,8 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         inside = _use_counts([b for b in bindings if b.var in mine])
                         used_after = {v for v, n in uses.items() if n > inside.get(v, 0)}
                         kernels.append(_emit_stitched(bb, mod, target, calls, aliases, env,
-                                                      (grids or {}).get(name, grid), block, k, used_after))
+                                                      (grids or {}).get(name, grid), block, k, used_after,
+                                                      (min_blocks or {}).get(name)))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -164,7 +168,8 @@ def _aliases(bindings, calls) -> dict:
     return out
 
 
-def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None) -> StitchedKernel:
+def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None,
+                   min_blocks=None) -> StitchedKernel:
     """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call."""
     name = kernel_name(index)
     # Keys: a produced tensor is a Produced; an input is its Relax expression (an ExprKey).
@@ -202,7 +207,8 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
     func, syncs, stacks = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args],
                                  grid, block, name=name, target=target, param_keys=keys,
-                                 stackable=lambda k: isinstance(k, Produced) and k not in leaves)
+                                 stackable=lambda k: isinstance(k, Produced) and k not in leaves,
+                                 min_blocks=min_blocks)
     if stacks:
         kind = dict(zip(produced, types))
         stacked = rolling.stacked_keys(stacks)
@@ -226,4 +232,4 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                 env[alias] = items[key]
     return StitchedKernel(name, index, [s.name for s in stages], sum(syncs), grid, safety,
                           max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids,
-                          geometry=[(st.num_blocks, st.num_threads) for st in stages])
+                          geometry=[(st.num_blocks, st.num_threads) for st in stages], min_blocks=min_blocks)

@@ -1,0 +1,33 @@
+"""The TIR build pass that turns a stitched kernel's register cap into ``__launch_bounds__``.
+
+A stitched PrimFunc carries its cap as a function attribute (``MIN_BLOCKS_ATTR``: blocks per
+SM nvcc must leave registers for), so the stitcher's checks, the emulator and the race checker
+see the same body with or without it. TVM's CUDA codegen reads the cap from an attribute
+statement inside the kernel's launch (``TVM_MIN_BLOCKS``, which SplitHostDevice moves onto the
+device function), so this pass, first in the TIR pipeline, plants it under ``blockIdx.x``.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+from ..core.ir_names import MIN_BLOCKS_ATTR, TVM_MIN_BLOCKS
+
+
+def with_launch_bounds(func: tirx.PrimFunc, blocks: int) -> tirx.PrimFunc:
+    """``func`` with ``blocks`` (minimum blocks per SM) planted under its outermost launch."""
+    body = func.body
+    if not (isinstance(body, tirx.AttrStmt) and body.attr_key == "thread_extent"):
+        raise ValueError(f"{func.attrs.get('global_symbol', 'kernel')}: no launch at the top of its body")
+    cap = tirx.AttrStmt(tirx.const(0, "int32"), TVM_MIN_BLOCKS, tirx.const(blocks, "int32"), body.body)
+    return func.with_body(tirx.AttrStmt(body.node, body.attr_key, body.value, cap))
+
+
+@tvm.transform.module_pass(opt_level=0, name="souffle.ApplyRegisterCaps")
+def apply_register_caps(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Plant each capped PrimFunc's ``__launch_bounds__`` minimum blocks (before SplitHostDevice)."""
+    for gv, f in list(mod.functions.items()):
+        if isinstance(f, tirx.PrimFunc) and f.attrs is not None and MIN_BLOCKS_ATTR in f.attrs:
+            mod[gv] = with_launch_bounds(f.without_attr(MIN_BLOCKS_ATTR), int(f.attrs[MIN_BLOCKS_ATTR]))
+    return mod
