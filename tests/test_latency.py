@@ -117,6 +117,9 @@ def test_fitted_constants_are_the_committed_fit():
         lo, hi = latency.RANGES[name]
         assert lo <= getattr(latency.FITTED, name) <= hi
         assert getattr(latency.FITTED, name) == pytest.approx(fit["constants"][name], rel=1e-3), name
+    # the constants the fit held fixed are the model's
+    for name, value in fit["fixed"].items():
+        assert getattr(latency.FITTED, name) == value, name
     assert math.isfinite(fit["lomo_median_abs_error"])
 
 

@@ -14,7 +14,9 @@ from souffle_tvm.build import ptxas
 from souffle_tvm.build.cooperative import COOPERATIVE_TIR_PIPELINE
 from souffle_tvm.core.hardware import GPUS, occupancy
 from souffle_tvm.core.ir_names import MIN_BLOCKS_ATTR
+from souffle_tvm.errors import StitchError
 from souffle_tvm.pipeline import feedback
+from souffle_tvm.pipeline.register_caps import register_cap, register_caps
 from souffle_tvm.pipeline.building import cuda_source
 from souffle_tvm.report.schema import KernelReport, Report
 
@@ -25,7 +27,7 @@ needs_nvcc = pytest.mark.skipif(ptxas.nvcc_path() is None, reason="needs nvcc")
 @pytest.mark.parametrize("blocks, regs", [(1, 255), (2, 128), (3, 80), (4, 64), (6, 40), (8, 32)])
 def test_the_cap_is_what_leaves_room_for_that_many_blocks(blocks, regs):
     # 256 threads = 8 warps; registers go in 256-register warp units of a 64K file
-    assert feedback.register_cap(H200, 256, blocks) == regs
+    assert register_cap(H200, 256, blocks) == regs
     assert occupancy(H200, 256, regs, 0).blocks_per_sm >= blocks
     if regs < 255:
         assert occupancy(H200, 256, regs + 8, 0).blocks_per_sm < blocks
@@ -76,9 +78,8 @@ def _row(registers, shared, tiles):
 
 def _caps(row, max_blocks):
     report = Report("m", "cuda", "sm_90", "souffle", 1, 1, 0.0, 0, 0, {}, kernels=[row])
-    souffle = SimpleNamespace(stitched=[SimpleNamespace(function="souffle_stitched_0", stages=["a", "b"],
-                                                        max_blocks=max_blocks)])
-    return feedback.register_caps(report, souffle, "sm_90")
+    stitched = [SimpleNamespace(function="souffle_stitched_0", stages=["a", "b"], max_blocks=max_blocks)]
+    return register_caps(report, stitched, "sm_90")
 
 
 def test_a_register_bound_kernel_with_tiles_to_spare_is_offered_a_cap():
@@ -88,6 +89,9 @@ def test_a_register_bound_kernel_with_tiles_to_spare_is_offered_a_cap():
     assert list(caps) == ["souffle_stitched_0"]
     blocks, grid, why = caps["souffle_stitched_0"]
     assert (blocks, grid) == (4, 528) and "at most 64 registers" in why
+    # 450 tiles: 396 blocks leave a second wave of 54, 4 per SM run them at once, on 450 blocks
+    (blocks, grid, _), = _caps(_row(80, 11844, 450), max_blocks=450).values()
+    assert (blocks, grid) == (4, 450)
 
 
 def test_no_cap_where_shared_memory_or_the_tiles_hold_the_blocks_down():
@@ -131,11 +135,31 @@ def test_a_cap_that_pays_is_built_into_the_kernel(monkeypatch):
     # (at most 40 registers: no spill), and the model told it pays
     from souffle_tvm.pipeline.driver import compile as compile_model
 
-    monkeypatch.setattr(feedback, "register_caps", lambda report, souffle, arch: {
-        k.function: (6, k.grid, "planted") for k in souffle.stitched if len(k.stages) > 1})
-    monkeypatch.setattr(feedback, "_graph_seconds",
+    monkeypatch.setattr(feedback, "register_caps", lambda report, stitched, arch: {
+        k.function: (6, k.grid, "planted") for k in stitched if len(k.stages) > 1})
+    monkeypatch.setattr(feedback, "graph_seconds",
                         lambda planned, arch: 0.0 if any(k.min_blocks for k in planned.kernels) else 1.0)
     compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
     (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
     assert kernel.min_blocks == 6 and kernel.registers <= 40 and not kernel.spill_bytes
     assert "__launch_bounds__(256, 6)" in compiled.cuda_source
+
+
+@needs_nvcc
+def test_a_capped_build_that_fails_leaves_the_build_it_had(monkeypatch):
+    # planted: a cap is proposed and the restitch with it raises: the compile goes on uncapped
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    monkeypatch.setattr(feedback, "register_caps", lambda report, stitched, arch: {
+        k.function: (6, k.grid, "planted") for k in stitched if len(k.stages) > 1})
+    restitch = feedback.restitch
+
+    def failing(souffle, target, fb):
+        if fb.min_blocks:
+            raise StitchError("planted")
+        return restitch(souffle, target, fb)
+
+    monkeypatch.setattr(feedback, "restitch", failing)
+    compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
+    (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
+    assert kernel.min_blocks is None and "__launch_bounds__(256, " not in compiled.cuda_source

@@ -5,7 +5,8 @@ The default pipeline is run in two halves so the kernel structure can be read in
 (1) library dispatch + legalization (LegalizeOps, FuseOps, FuseTIR, dlight on CUDA): the
 fused module, whose ``main`` calls each PrimFunc; (2) dataflow lowering + finalization,
 given to ``tvm.compile`` as its Relax pipeline. The TIR pipeline is TVM's default s_tir
-pipeline plus one read-only pass that records every device kernel it produced.
+pipeline between our passes: first the stitched kernels' register caps (``launch_bounds``),
+then the cooperative-launch tag and one read-only pass that records every device kernel.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def _recording_pipeline():
                                      record_device_kernels]), host, device
 
 
-TIR_PIPELINE = "souffle_tvm.recorded"   # TVM's s_tir pipeline + cooperative tag + kernel record
+TIR_PIPELINE = "souffle_tvm.recorded"   # register caps + TVM's s_tir pipeline + cooperative tag + kernel record
 tirx.register_tir_pipeline(TIR_PIPELINE, _recording_pipeline)
 
 

@@ -13,13 +13,14 @@ import tvm
 from tvm import tirx
 
 from ..core.ir_names import MIN_BLOCKS_ATTR, TVM_MIN_BLOCKS
+from ..errors import StitchError
 
 
 def with_launch_bounds(func: tirx.PrimFunc, blocks: int) -> tirx.PrimFunc:
     """``func`` with ``blocks`` (minimum blocks per SM) planted under its outermost launch."""
     body = func.body
     if not (isinstance(body, tirx.AttrStmt) and body.attr_key == "thread_extent"):
-        raise ValueError(f"{func.attrs.get('global_symbol', 'kernel')}: no launch at the top of its body")
+        raise StitchError(f"{func.attrs.get('global_symbol', 'kernel')}: no launch at the top of its body")
     cap = tirx.AttrStmt(tirx.const(0, "int32"), TVM_MIN_BLOCKS, tirx.const(blocks, "int32"), body.body)
     return func.with_body(tirx.AttrStmt(body.node, body.attr_key, body.value, cap))
 

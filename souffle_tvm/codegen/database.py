@@ -23,9 +23,11 @@ appends in place, non-atomically (tests do, to plant hand-made records).
 from __future__ import annotations
 
 import contextlib
+import dis
 import importlib
 import importlib.util
 import inspect
+import itertools
 import json
 import linecache
 import os
@@ -33,6 +35,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Iterator
 
@@ -73,14 +76,21 @@ def register_tensor_intrinsics(target: tvm.target.Target) -> None:
                 importlib.import_module(f"{name}.{sub}")
 
 
+_INSPECT_STACK = inspect.stack
+_STACK_LOCK = threading.Lock()
+
+
 def _stack(context: int = 1) -> list[inspect.FrameInfo]:
-    """``inspect.stack()`` with each frame's line from ``linecache``, not from ``inspect.getmodule``."""
+    """``inspect.stack()`` with each frame's line from ``linecache``, not from ``inspect.getmodule``
+    (one line of context at most: all the TVMScript parser reads)."""
     frames, frame = [], sys._getframe(1)
     while frame is not None:
         code, lineno = frame.f_code, frame.f_lineno
         line = linecache.getline(code.co_filename, lineno) if context > 0 else ""
+        positions = next(itertools.islice(code.co_positions(), frame.f_lasti // 2, None), None)
+        positions = dis.Positions(*positions) if positions else None
         frames.append(inspect.FrameInfo(frame, code.co_filename, lineno, code.co_name, [line] if line else None,
-                                        0 if line else None))
+                                        0 if line else None, positions=positions))
         frame = frame.f_back
     return frames
 
@@ -91,12 +101,12 @@ def _cheap_stacks():
     ``inspect.stack()``, which looks up every frame's module by scanning ``sys.modules``: 10-15 s
     of a compile with TVM's ~3000 modules loaded (docs/tvm-workarounds.md). The parser reads only
     the frames, their code and one line of context, so they are built directly meanwhile."""
-    stack = inspect.stack
-    inspect.stack = _stack
-    try:
-        yield
-    finally:
-        inspect.stack = stack
+    with _STACK_LOCK:      # never restore another thread's replacement as the original
+        inspect.stack = _stack
+        try:
+            yield
+        finally:
+            inspect.stack = _INSPECT_STACK
 
 
 def open_database(work_dir: str, create: bool = False):

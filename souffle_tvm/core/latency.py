@@ -14,7 +14,8 @@ bytes and flops. The terms, each physical:
   warps' pace alone. Occupancy (registers and shared
   memory of the worst stage, imposed on all stages of a stitched kernel) bounds the warps.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
-  times ``flop_efficiency``, lower where an SM has too few warps to hide latency.
+  times ``flop_efficiency`` (fixed at 0.9, not fitted), lower where an SM has too few warps to
+  hide latency.
 * **A round trip per wave.** However little a wave loads, its loads, arithmetic and stores
   depend on one another: it takes at least ``latency_us`` (a dependent trip to memory and
   back, and the stores made visible before whatever waits on them).
@@ -41,7 +42,8 @@ from .hardware import GPU, occupancy
 
 @dataclass(frozen=True)
 class Constants:
-    """The fitted constants; ``RANGES`` gives each one's plausible physical range."""
+    """The model's constants: those in ``NAMES`` are fitted, ``mem_efficiency`` and
+    ``flop_efficiency`` fixed; ``RANGES`` gives each one's plausible physical range."""
     launch_us: float = 5.0          # host-side dispatch of one kernel launch without a graph
     node_us: float = 1.5            # one kernel in a CUDA graph: launch latency, ramp and drain
     sync_us: float = 2.0            # one grid.sync(), with the cold restart of every block after it
@@ -163,7 +165,8 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
 
 
 def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: bool = False) -> StageTime:
-    """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder."""
+    """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder; each wave
+    at least ``latency_us``, and in a ``persistent`` (stitched) kernel ``tile_us`` per extra wave."""
     if stage.tiles <= 0 or (stage.bytes <= 0 and stage.flops <= 0):
         return StageTime(0, 0.0, 0.0, 0.0, 0.0)
     waves = math.ceil(stage.tiles / slots)

@@ -71,10 +71,12 @@ class Timer:
                                                                         est.shared_bytes, (st,))).seconds + self.node
                    for st, est in zip(work, estimates))
 
-    def stage(self, g: int, s: int, slots: int) -> float:
-        key = (g, s, slots)
+    def stage(self, g: int, s: int, slots: int, persistent: bool) -> float:
+        """Stage ``s`` of group ``g`` on ``slots`` resident blocks (``persistent``: in a stitched
+        kernel, where a block starts its next tile only after its last)."""
+        key = (g, s, slots, persistent)
         if key not in self._stage:
-            self._stage[key] = latency.stage_time(self.gpu, self.c, self.facts.work[g][s], slots).seconds
+            self._stage[key] = latency.stage_time(self.gpu, self.c, self.facts.work[g][s], slots, persistent).seconds
         return self._stage[key]
 
     def slots(self, registers: int, shared: int, max_tiles: int) -> int:
@@ -93,6 +95,7 @@ class _Window:
         self.syncs = 0
         self.since_sync: set[int] = set()
         self.slots = 0
+        self.persistent = False
         self.work = 0.0
 
     def add(self, g: int) -> None:
@@ -109,11 +112,13 @@ class _Window:
         self.since_sync.add(g)
         self.members.append(g)
         slots = self.t.slots(self.registers, self.shared, self.tiles)
-        if slots != self.slots:
-            self.slots = slots
-            self.work = sum(self.t.stage(m, s, slots) for m in self.members for s in range(len(facts.work[m])))
+        persistent = len(self.members) > 1      # one group alone is a kernel of its own
+        if (slots, persistent) != (self.slots, self.persistent):
+            self.slots, self.persistent = slots, persistent
+            self.work = sum(self.t.stage(m, s, slots, persistent) for m in self.members
+                            for s in range(len(facts.work[m])))
         else:
-            self.work += sum(self.t.stage(g, s, slots) for s in range(len(facts.work[g])))
+            self.work += sum(self.t.stage(g, s, slots, persistent) for s in range(len(facts.work[g])))
 
     @property
     def registers(self) -> int:

@@ -146,6 +146,13 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
     report.group_edges = group_edges(program, partition.groups)
     report.subprograms = [{"groups": [partition.groups[i].name for i in idx], "indices": list(idx), "reason": why}
                           for idx, why in subprograms]
+    with_stitched_facts(report, result, stitched, unstitched)
+
+
+def with_stitched_facts(report: Report, result: BuildResult, stitched: list, unstitched=None) -> Report:
+    """``report`` (changed in place, and returned) with each stitched kernel's stages, grid
+    syncs, prefetch, register cap, own bytes (its stages' footprints) and stage plan: what the
+    latency model reads. ``unstitched``: the module holding the stage PrimFuncs."""
     stage_funcs = {gv.name_hint: f for gv, f in unstitched.functions.items()
                    if isinstance(f, tirx.PrimFunc)} if unstitched is not None else {}
     for kr in report.kernels:
@@ -157,6 +164,7 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
             kr.bytes = sum(result.footprints[sk.function].values())
             kr.stage_plan = stage_plan(result, sk, stage_funcs)
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
+    return report
 
 
 def add_reductions(report: Report, two_phase) -> None:

@@ -1,0 +1,61 @@
+"""Register caps: where a stitched kernel's registers, not its shared memory or threads, hold
+its blocks per SM down, how many registers one more block leaves, and whether the latency model
+predicts the kernel faster with it. Whether the cap costs spills only ptxas knows: the ptxas
+loop (``pipeline.feedback``) builds the capped kernels and keeps them only if it does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..core import hardware, latency
+from ..report.predicted import kernels_of
+from ..report.schema import Report
+
+# Below this a stitched GEMM stage cannot hold its accumulators: ptxas would only spill.
+MIN_CAP = 32
+
+
+def register_cap(gpu: hardware.GPU, threads: int, blocks: int) -> int:
+    """The most registers a thread may use for ``blocks`` blocks of ``threads`` per SM (what
+    nvcc allocates under ``__launch_bounds__(threads, blocks)``: whole 256-register warp units)."""
+    warps = -(-threads // gpu.warp_size)
+    units = gpu.regs_per_sm // (blocks * warps * gpu.reg_alloc_unit)
+    return min(gpu.regs_per_thread_max, units * gpu.reg_alloc_unit // gpu.warp_size)
+
+
+def register_caps(report: Report, stitched: list, arch: str,
+                  constants: latency.Constants = latency.FITTED) -> dict[str, tuple[int, int, str]]:
+    """{stitched PrimFunc: (blocks per SM, grid, why)} for the cooperative kernels of ``report``
+    whose registers alone hold their blocks per SM down, where one more block per SM (registers
+    capped to fit, the grid grown to match, up to the widest stage) is predicted faster than the
+    kernel on the most blocks it can have now. ``report`` carries the stitched kernels' stage
+    plans (``report.assemble.with_stitched_facts``); ``stitched``: the ``StitchedKernel``s."""
+    gpu = hardware.for_arch(arch)
+    by_function = {k.function: k for k in stitched if len(k.stages) > 1}
+    out = {}
+    for row, kernel in zip(report.kernels, kernels_of(report)):
+        sk = by_function.get(row.primfunc)
+        if sk is None or not row.cooperative or row.registers is None or row.spill_bytes:
+            continue
+        shared = row.shared_bytes or 0
+        now = hardware.occupancy(gpu, kernel.threads, row.registers, shared)
+        want = now.blocks_per_sm + 1
+        cap = register_cap(gpu, kernel.threads, want)
+        if now.limited_by != "registers" or cap < MIN_CAP or \
+                hardware.occupancy(gpu, kernel.threads, cap, shared).blocks_per_sm < want:
+            continue
+        # compared with the grid it could have uncapped: the cap is credited only with its own gain
+        base = dataclasses.replace(kernel, grid=min(now.blocks_per_sm * gpu.sms, sk.max_blocks))
+        grid = min(want * gpu.sms, sk.max_blocks)
+        before = latency.kernel_time(gpu, constants, base).seconds
+        after = latency.kernel_time(gpu, constants, dataclasses.replace(kernel, registers=cap, grid=grid)).seconds
+        if after < before:
+            out[row.primfunc] = (want, grid, f"{row.registers} -> at most {cap} registers: {want} blocks per SM, "
+                                             f"predicted {before * 1e6:.1f} -> {after * 1e6:.1f} us per launch")
+    return out
+
+
+def graph_seconds(report: Report, arch: str) -> float:
+    """``report``'s predicted time under a CUDA graph (stitched kernels with their stage plans)."""
+    return latency.predict(hardware.for_arch(arch), latency.FITTED, kernels_of(report), graphs=True).seconds
