@@ -8,7 +8,11 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the test extra (make install) brings nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the test extra (make install) brings nbclient")
 
-TUTORIALS = sorted((Path(__file__).parent.parent / "tutorials").glob("*.ipynb"))
+ROOT = Path(__file__).parent.parent
+TUTORIALS = sorted((ROOT / "tutorials").glob("*.ipynb"))
+# A tutorial the README runs in a tested block (``jupyter-execute``, real Jupyter: it fails on
+# any error) runs there, not twice (tests/test_readme.py)
+RUN_BY_README = {p for p in TUTORIALS if f"jupyter-execute tutorials/{p.name}" in (ROOT / "README.md").read_text()}
 
 
 def test_three_tutorials_stored_without_outputs():
@@ -21,7 +25,11 @@ def test_three_tutorials_stored_without_outputs():
         assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
 
 
-@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.stem)
+def test_the_readme_runs_one_tutorial_the_way_users_would():
+    assert len(RUN_BY_README) == 1
+
+
+@pytest.mark.parametrize("path", [p for p in TUTORIALS if p not in RUN_BY_README], ids=lambda p: p.stem)
 def test_tutorial_runs_top_to_bottom(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     t = time.perf_counter()
