@@ -9,6 +9,7 @@ block (sm_80 and later).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class Occupancy:
         return self.blocks_per_sm * gpu.sms
 
 
+@functools.lru_cache(maxsize=65536)   # the time partitioner asks millions of times (LSTM: 8.9M calls)
 def occupancy(gpu: GPU, threads_per_block: int, registers_per_thread: int, shared_bytes_per_block: int) -> Occupancy:
     """Resident blocks per SM for a kernel with these resources (0 if it cannot launch at all)."""
     if threads_per_block > gpu.threads_per_block or registers_per_thread > gpu.regs_per_thread_max:
