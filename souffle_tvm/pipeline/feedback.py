@@ -21,7 +21,7 @@ from ..partition.subprograms import cut_cost, split_point
 from ..report.assemble import check_coresidency, with_stitched_facts
 from ..report.schema import Report
 from .building import build_and_report
-from .register_caps import graph_seconds, register_caps
+from .register_caps import graph_seconds, one_more_block, register_caps
 from .results import SouffleModule, restitch
 
 MAX_FEEDBACK_ROUNDS = 6   # each round halves the kernels that did not fit
@@ -117,9 +117,8 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
             progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
                           MAX_FEEDBACK_ROUNDS)
             fb = dataclasses.replace(souffle.feedback, forced=_split(souffle, over))
-        souffle = restitch(souffle, target, fb)
-        result, report, src = build_and_report(imported, souffle, target, use_nvcc)
-        seconds += report.nvcc.get("seconds", 0.0)
+        souffle, result, report, src, took = _rebuild(imported, souffle, target, fb, use_nvcc)
+        seconds += took
     if souffle.stitched and report.nvcc.get("available"):
         # Each cooperative kernel gets the grid its measured registers and shared memory allow
         # (the first build used the static estimate's).
@@ -127,9 +126,9 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
         if grids:
             progress.step(f"restitching {len(grids)} cooperative kernel(s) with the grid ptxas allows")
             by_name = {k.name: grids.get(k.function, k.grid) for k in souffle.stitched}
-            again = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=by_name))
-            result2, report2, src2 = build_and_report(imported, again, target, use_nvcc)
-            seconds += report2.nvcc.get("seconds", 0.0)
+            again, result2, report2, src2, took = _rebuild(
+                imported, souffle, target, dataclasses.replace(souffle.feedback, grids=by_name), use_nvcc)
+            seconds += took
             try:
                 check_coresidency(report2, arch)
                 if _spills(report2) > _spills(report) and _coresident(report, arch):
@@ -141,14 +140,22 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
             except CoresidencyError:
                 # the new grid changed the code enough not to fit: one block per SM always does
                 sms = {k.name: hardware.for_arch(arch).sms for k in souffle.stitched}
-                souffle = restitch(souffle, target, dataclasses.replace(souffle.feedback, grids=sms))
-                result, report, src = build_and_report(imported, souffle, target, use_nvcc)
-                seconds += report.nvcc.get("seconds", 0.0)
+                souffle, result, report, src, took = _rebuild(
+                    imported, souffle, target, dataclasses.replace(souffle.feedback, grids=sms), use_nvcc)
+                seconds += took
         capped, extra = _capped(imported, souffle, result, report, target, use_nvcc)
         seconds += extra
         if capped is not None:
             souffle, result, report, src = capped
     return Built(souffle, result, report, src, seconds)
+
+
+def _rebuild(imported: ImportedModel, souffle: SouffleModule, target, feedback, use_nvcc: bool):
+    """The same groups stitched again with ``feedback``, built: (souffle, result, report,
+    source, nvcc seconds)."""
+    again = restitch(souffle, target, feedback)
+    result, report, src = build_and_report(imported, again, target, use_nvcc)
+    return again, result, report, src, report.nvcc.get("seconds", 0.0)
 
 
 def _capped(imported: ImportedModel, souffle: SouffleModule, result: BuildResult, report: Report, target,
@@ -157,6 +164,9 @@ def _capped(imported: ImportedModel, souffle: SouffleModule, result: BuildResult
     and the nvcc seconds it took). None where no cap is proposed, the capped build fails, spills
     more, is not co-resident, or is not predicted faster after all: the build given stays."""
     arch = str(target.attrs["arch"])
+    gpu = hardware.for_arch(arch)
+    if not any(one_more_block(gpu, row) for row in report.kernels):
+        return None, 0.0          # the usual case: no stage plans to make, nothing to build
     planned = with_stitched_facts(report, result, souffle.stitched, souffle.unstitched)
     caps = register_caps(planned, souffle.stitched, arch)
     if not caps:
@@ -168,12 +178,10 @@ def _capped(imported: ImportedModel, souffle: SouffleModule, result: BuildResult
                              grids={k.name: caps[k.function][1] if k.function in caps else k.grid for k in souffle.stitched},
                              min_blocks={n: caps[f][0] for n, f in by_name.items() if f in caps})
     try:
-        again = restitch(souffle, target, fb)
-        result2, report2, src = build_and_report(imported, again, target, use_nvcc)
+        again, result2, report2, src, seconds = _rebuild(imported, souffle, target, fb, use_nvcc)
     except (SouffleError, RuntimeError, ValueError) as err:   # TVM raises built-ins; an optional step: the build stands
         progress.step(f"register caps not built ({str(err).splitlines()[0][:200]}): no cap")
         return None, 0.0
-    seconds = report2.nvcc.get("seconds", 0.0)
     if _spills(report2) > _spills(report) or not _coresident(report2, arch) or graph_seconds(
             with_stitched_facts(report2, result2, again.stitched, again.unstitched), arch) >= graph_seconds(planned, arch):
         progress.step("the capped kernels spill, do not fit or are not predicted faster: no cap")

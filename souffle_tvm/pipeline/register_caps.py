@@ -7,10 +7,11 @@ loop (``pipeline.feedback``) builds the capped kernels and keeps them only if it
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..core import hardware, latency
 from ..report.predicted import kernels_of
-from ..report.schema import Report
+from ..report.schema import KernelReport, Report
 
 # Below this a stitched GEMM stage cannot hold its accumulators: ptxas would only spill.
 MIN_CAP = 32
@@ -22,6 +23,22 @@ def register_cap(gpu: hardware.GPU, threads: int, blocks: int) -> int:
     warps = -(-threads // gpu.warp_size)
     units = gpu.regs_per_sm // (blocks * warps * gpu.reg_alloc_unit)
     return min(gpu.regs_per_thread_max, units * gpu.reg_alloc_unit // gpu.warp_size)
+
+
+def one_more_block(gpu: hardware.GPU, row: KernelReport) -> tuple[int, int] | None:
+    """(blocks per SM, register cap) for a cooperative kernel that does not spill and whose
+    registers alone, not its shared memory or threads, hold its blocks per SM down: one block
+    more, and the registers that leave room for it. None otherwise."""
+    if not row.cooperative or row.registers is None or row.spill_bytes or not row.block:
+        return None
+    threads, shared = math.prod(row.block), row.shared_bytes or 0
+    now = hardware.occupancy(gpu, threads, row.registers, shared)
+    want = now.blocks_per_sm + 1
+    cap = register_cap(gpu, threads, want)
+    if now.limited_by != "registers" or cap < MIN_CAP or \
+            hardware.occupancy(gpu, threads, cap, shared).blocks_per_sm < want:
+        return None
+    return want, cap
 
 
 def register_caps(report: Report, stitched: list, arch: str,
@@ -36,17 +53,12 @@ def register_caps(report: Report, stitched: list, arch: str,
     out = {}
     for row, kernel in zip(report.kernels, kernels_of(report)):
         sk = by_function.get(row.primfunc)
-        if sk is None or not row.cooperative or row.registers is None or row.spill_bytes:
+        offer = one_more_block(gpu, row) if sk is not None else None
+        if offer is None:
             continue
-        shared = row.shared_bytes or 0
-        now = hardware.occupancy(gpu, kernel.threads, row.registers, shared)
-        want = now.blocks_per_sm + 1
-        cap = register_cap(gpu, kernel.threads, want)
-        if now.limited_by != "registers" or cap < MIN_CAP or \
-                hardware.occupancy(gpu, kernel.threads, cap, shared).blocks_per_sm < want:
-            continue
+        want, cap = offer
         # compared with the grid it could have uncapped: the cap is credited only with its own gain
-        base = dataclasses.replace(kernel, grid=min(now.blocks_per_sm * gpu.sms, sk.max_blocks))
+        base = dataclasses.replace(kernel, grid=min((want - 1) * gpu.sms, sk.max_blocks))
         grid = min(want * gpu.sms, sk.max_blocks)
         before = latency.kernel_time(gpu, constants, base).seconds
         after = latency.kernel_time(gpu, constants, dataclasses.replace(kernel, registers=cap, grid=grid)).seconds
