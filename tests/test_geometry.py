@@ -8,7 +8,7 @@ import pytest
 from tvm import te
 
 from souffle_tvm.codegen import schedule
-from souffle_tvm.codegen.rules.matmul256 import Matmul256, block_count
+from souffle_tvm.codegen.rules.matmul256 import Matmul256, block_count, predicted_blocks
 from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import OptionsError
@@ -62,3 +62,29 @@ def test_the_tile_can_be_fixed():
     assert done.rule == "Matmul" and int(done.func.attrs[GEMM_TILE_ATTR]) == 64 and block_count(done.func) == 8
     with pytest.raises(OptionsError, match="unknown GEMM tile 48"):
         Options(level="v3", gemm_tile=48).check(CUDA)
+
+
+def _batched_nt(batch: int, m: int, n: int, k: int):
+    """A[b, m, k] x B[b, n, k]^T, the attention form (B read transposed)."""
+    a, b = te.placeholder((batch, m, k), name="A"), te.placeholder((batch, n, k), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((batch, m, n), lambda s, i, j: te.sum(a[s, i, r] * b[s, j, r], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+@pytest.mark.parametrize("func", [_gemm(512, 512, 512), _gemm(100, 1000, 2048), _gemm(49, 70, 33, epilogue=True),
+                                  _batched_nt(12, 128, 128, 64), _batched_nt(3, 50, 17, 40)],
+                         ids=["square", "ragged", "epilogue", "attention", "small-batched"])
+def test_the_tile_count_is_known_before_scheduling(func):
+    """The rule schedules only the tile it predicts fastest, from counts read off the unscheduled
+    contraction; each must be the count dlight's schedule launches."""
+    for micro in (4, 2, 1):
+        with CUDA:
+            out = Matmul256(micro=micro).apply(func, CUDA, False).mod["main"]
+        assert predicted_blocks(func, 16 * micro) == block_count(out)
+
+
+def test_no_count_for_what_is_not_a_gemm():
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="B")
+    assert predicted_blocks(te.create_prim_func([a, b]), 64) is None

@@ -227,25 +227,29 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
                     for i, g in enumerate(groups)]
     if not sizes:
         return GroupFacts(unstitchable)
-    statements, stages, work, keys = [], [], [], []
     arch = str(target.attrs["arch"]) if "arch" in target.attrs else str(target.kind.name)
+    seen: dict = {}      # (function, unscheduled function) -> facts: repeated blocks share one PrimFunc
+
+    def facts_of(func: tirx.PrimFunc, unscheduled_func: tirx.PrimFunc) -> tuple:
+        if (func, unscheduled_func) not in seen:
+            lowered = lower.lower_stage("g", func, target)
+            count = [0]
+            for st in lowered:
+                tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
+            key = (measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
+                   if len(lowered) == 1 else None)
+            seen[(func, unscheduled_func)] = (count[0], [estimate.stage(st.body) for st in lowered],
+                                              _work(func, lowered, unscheduled_func), key)
+        return seen[(func, unscheduled_func)]
+
+    statements, stages, work, keys = [], [], [], []
     for i, g in enumerate(groups):
         if g.opaque is not None or unstitchable[i] is not None:
-            statements.append(0)
-            stages.append([])
-            work.append([])
-            keys.append(None)
-            continue
-        func = calls.func(i)
-        lowered = lower.lower_stage("g", func, target)
-        count = [0]
-        for st in lowered:
-            tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
-        statements.append(count[0])
-        stages.append([estimate.stage(st.body) for st in lowered])
-        work.append(_work(func, lowered, raw.func(i) if raw is not None else func))
-        keys.append(measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
-                    if len(lowered) == 1 else None)
+            facts = (0, [], [], None)
+        else:
+            facts = facts_of(calls.func(i), raw.func(i) if raw is not None else calls.func(i))
+        for column, value in zip((statements, stages, work, keys), facts):
+            column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
     return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work, keys)
 
@@ -290,11 +294,14 @@ def schedules_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[G
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
     cache = ScheduleCache(target, None, gemm_k_tile)
     out: dict[int, tirx.PrimFunc] = {}
+    seconds: dict = {}     # unscheduled function -> (v2 schedule, its time): repeated blocks share one
     for i, g in enumerate(groups):
         if g.opaque is not None or i not in calls.call_index or not timer.facts.work[i]:
             continue
-        v2 = cache(raw.func(i)).func
-        alt = _alone_seconds(v2, raw.func(i), target, timer)
+        if raw.func(i) not in seconds:
+            v2 = cache(raw.func(i)).func
+            seconds[raw.func(i)] = (v2, _alone_seconds(v2, raw.func(i), target, timer))
+        v2, alt = seconds[raw.func(i)]
         if alt is not None and alt < timer.stitchable_alone(i):
             out[i], timer.rescheduled[i] = v2, alt
     return out

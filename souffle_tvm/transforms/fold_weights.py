@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import te
 
 from ..te import rewrite as te_rewrite
@@ -81,18 +82,44 @@ def fold_weights(prog: TEProgram) -> FoldResult:
 
 
 def _evaluate(prog: TEProgram, frontier: list[te.Tensor]) -> list[np.ndarray]:
-    """Compute the frontier tensors from the weight values with one CPU build."""
-    inputs = [w for w in prog.weights if w.op in prog.weight_values] + list(prog.constants)
-    needed = _reachable_placeholders(frontier)
-    inputs = [t for t in inputs if t.op in needed]
-    func = te.create_prim_func(inputs + frontier)
-    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    """Compute the frontier tensors from the weight values with one CPU build.
+
+    One PrimFunc per frontier tensor, built once per structurally distinct one, in one module:
+    LLVM's time on a single function grows faster than its size (ResNeXt's 105 bias reshapes
+    as one function: 7-9 s; as 105: 1.8 s; as the 17 distinct ones: 0.4 s)."""
+    weights = [w for w in prog.weights if w.op in prog.weight_values] + list(prog.constants)
     consts = {t.op: v for t, v in prog.constants.items()}
-    args = [tvm.runtime.tensor(prog.weight_values[t.op] if t.op in prog.weight_values else consts[t.op])
-            for t in inputs]
-    outs = [tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], str(t.dtype))) for t in frontier]
-    lib["main"](*args, *outs)
-    return [o.numpy() for o in outs]
+    funcs: dict[str, tvm.tirx.PrimFunc] = {}
+    distinct: dict[int, list[tuple[tvm.tirx.PrimFunc, str]]] = {}
+    name_of, inputs_of = [], []
+    for t in frontier:
+        needed = _reachable_placeholders([t])
+        inputs = [w for w in weights if w.op in needed]
+        func = te.create_prim_func(inputs + [t])
+        bucket = distinct.setdefault(tvm_ffi.structural_hash(func), [])
+        name = next((n for f, n in bucket if tvm_ffi.structural_equal(f, func)), None)
+        if name is None:
+            name = f"fold{len(funcs)}"
+            funcs[name] = func.with_attr("global_symbol", name)
+            bucket.append((func, name))
+        name_of.append(name)
+        inputs_of.append(inputs)
+    lib = tvm.compile(tvm.IRModule(funcs), target="llvm")
+    compiled = {name: lib[name] for name in funcs}     # each lookup costs ~13 ms: once per function
+    arrays: dict = {}
+
+    def array(w):
+        if w.op not in arrays:
+            arrays[w.op] = tvm.runtime.tensor(prog.weight_values[w.op] if w.op in prog.weight_values
+                                              else consts[w.op])
+        return arrays[w.op]
+
+    values = []
+    for t, name, inputs in zip(frontier, name_of, inputs_of):
+        out = tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], str(t.dtype)))
+        compiled[name](*[array(w) for w in inputs], out)
+        values.append(out.numpy())
+    return values
 
 
 def _reachable_placeholders(tensors) -> set:

@@ -7,6 +7,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
 from ...core import hardware, latency, tir_stats
 from ...core.geometry import (MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREADS, STATIC_SHARED_LIMIT,
@@ -53,6 +55,14 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
             return self._apply(func, target, self.micro)
         # (repeats are not scheduled again: pipeline.policies keeps the default rules' schedules
         # across compiles, and each GEMM's tile for the two-phase pass)
+        counts = {micro: predicted_blocks(func, MATMUL_THREADS * micro) for micro in MATMUL_MICROS}
+        if None not in counts.values():
+            # The tile count of each side is known before scheduling: schedule only the winner,
+            # and search as below if its schedule has another count than predicted.
+            micro = min(MATMUL_MICROS, key=lambda m: (self._seconds(func, counts[m], target), MATMUL_MICROS.index(m)))
+            sch = self._apply(func, target, micro)
+            if sch is not None and not isinstance(sch, list) and block_count(sch.mod["main"]) == counts[micro]:
+                return sch
         best = None
         for micro in MATMUL_MICROS:
             sch = self._apply(func, target, micro)
@@ -69,10 +79,13 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles on
         the resident blocks of a stitched kernel (an estimate; grid-stride, so extra waves
         restart tiles)."""
+        return self._seconds(func, block_count(scheduled), target)
+
+    def _seconds(self, func: tirx.PrimFunc, blocks: int, target: tvm.target.Target) -> float:
         gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
         slots = self.slots or gpu.sms * STITCH_BLOCKS_PER_SM
         _, flops, nbytes, written = tir_stats.heaviest_block(func)
-        stage = latency.Stage(block_count(scheduled), self.threads, nbytes, flops, False, written,
+        stage = latency.Stage(blocks, self.threads, nbytes, flops, False, written,
                               tir_stats.stored_element_bytes(func))
         return latency.stage_time(gpu, latency.FITTED, stage, slots, persistent=True).seconds
 
@@ -92,6 +105,26 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
             for b in shared:
                 sch.set_scope(b, 0, "shared.dyn")
         return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, side))
+
+
+def predicted_blocks(func: tirx.PrimFunc, side: int) -> int | None:
+    """Blocks dlight's GEMM schedule of ``func`` launches with a ``side`` x ``side`` output
+    tile, read before scheduling: batch x ceil(I / side) x ceil(J / side) of the contraction
+    normalised as dlight does (``C[S, I, J] += A[S, I, K] * B[S, J, K]``); None where dlight
+    would not see a GEMM."""
+    sch = s_tir.Schedule(func)
+    reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if not reductions:
+        return None
+    block = sch.get(reductions[0])
+    maps = get_index_map(block)
+    if maps is None:
+        return None
+    shape = maps[0].map_shape([iv.dom.extent for iv in block.iter_vars])
+    if len(shape) != 4 or not all(isinstance(e, tirx.IntImm) for e in shape):
+        return None
+    batch, rows, cols, _ = (int(e) for e in shape)
+    return batch * -(-rows // side) * -(-cols // side)
 
 
 def block_count(func: tirx.PrimFunc) -> int:
