@@ -163,3 +163,38 @@ def test_group_keys_match_the_built_kernels():
     func = calls.func(i).with_attr("global_symbol", "renamed")     # names do not count
     st = facts.work[i][0]
     assert measured.kernel_key(func, "sm_90", st.tiles, st.threads) == facts.kernel_keys[i]
+
+
+@pytest.mark.parametrize("constants", [C, latency.FITTED], ids=["syncs-cheap", "fitted"])
+def test_the_sweep_prices_every_window_as_growing_it_does(constants):
+    """``_Sweep`` prices all windows from one start in a few array passes; the partition and
+    every reason (with its figures) must be the ones growing each window group by group gives,
+    on random chains with data edges, rolled repeats, forced cuts, unstitchable groups,
+    register-hungry and spilling stages and a tight compile-time budget."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(120):
+        n = rng.randint(1, 28)
+        stages = [latency.Stage(rng.choice([1, 3, 40, 132, 396, 2000, 20000]), 256,
+                                rng.choice([4096, 10**5, 10**7, 2**27]), rng.choice([0, 10**4, 10**8, 10**10]),
+                                rng.random() < 0.2, rng.choice([0, 4096, 10**6]))
+                  for _ in range(n)]
+        regs = [rng.choice([24, 40, 64, 96, 128, 200, 250]) for _ in range(n)]
+        facts = _facts(stages, regs)
+        facts.stages = [[estimate.Estimate(r, rng.choice([0, 0, 8192, 49152, 200000]), rng.random() < 0.05)]
+                        for r in regs]
+        for i in range(n):
+            if rng.random() < 0.2:    # a group of two launch regions
+                facts.stages[i] = facts.stages[i] * 2
+                facts.work[i] = facts.work[i] * 2
+        facts.statements = [rng.randint(1, 40) for _ in range(n)]
+        facts.repeat_of = [rng.randrange(i) if i and rng.random() < 0.4 else None for i in range(n)]
+        facts.unstitchable = [("its schedule uses 512 threads" if rng.random() < 0.08 else None) for _ in range(n)]
+        groups = [SimpleNamespace(opaque=None, members=[SimpleNamespace(op=f"op{i}")], name=f"g{i}") for i in range(n)]
+        readers = {f"op{i}": [f"op{j}" for j in range(i + 1, n) if rng.random() < 0.3] for i in range(n)}
+        forced = {i: f"ptxas feedback: split after g{i}" for i in range(n) if rng.random() < 0.05}
+        budget = dict(max_groups=rng.choice([3, 6, 64]), max_statements=rng.choice([50, 120, 10**6]))
+        swept = by_time(groups, facts, H200, readers, forced=forced, constants=constants, **budget)
+        grown = by_time(groups, facts, H200, readers, forced=forced, constants=constants, sweep=False, **budget)
+        assert swept == grown

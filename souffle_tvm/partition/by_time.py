@@ -14,6 +14,7 @@ Every boundary keeps a reason; a time boundary gives both figures.
 
 from __future__ import annotations
 
+import numpy as np
 
 from ..core import estimate, hardware, latency
 from ..core.measured import MeasuredTimes
@@ -46,7 +47,11 @@ class Timer:
         self.facts, self.gpu, self.c, self.block = facts, gpu, constants, block
         self.measured = measured or MeasuredTimes()
         self.node = constants.node_us * 1e-6
-        self._stage: dict[tuple[int, int, int], float] = {}
+        self._stage: dict[tuple[int, int, int, bool], float] = {}
+        self._group: dict[tuple[int, int, bool], float] = {}
+        self._slots: dict[tuple[int, int, int], int] = {}
+        self._resources: dict[int, tuple[int, int, bool, int]] = {}
+        self._over: dict[tuple, str | None] = {}
         # group -> predicted seconds of another schedule it gets when left alone (v2's, where the
         # model predicts it faster than the stitchable one): what a boundary around it then costs
         self.rescheduled: dict[int, float] = {}
@@ -79,13 +84,52 @@ class Timer:
             self._stage[key] = latency.stage_time(self.gpu, self.c, self.facts.work[g][s], slots, persistent).seconds
         return self._stage[key]
 
+    def stages(self, g: int, slots: int, persistent: bool) -> float:
+        """All of group ``g``'s stages on ``slots`` resident blocks."""
+        key = (g, slots, persistent)
+        if key not in self._group:
+            self._group[key] = sum(self.stage(g, s, slots, persistent) for s in range(len(self.facts.work[g])))
+        return self._group[key]
+
     def slots(self, registers: int, shared: int, max_tiles: int) -> int:
-        per_sm = max(hardware.occupancy(self.gpu, self.block, registers, shared).blocks_per_sm, 1)
-        return max(1, min(per_sm * self.gpu.sms, max_tiles))
+        key = (registers, shared, max_tiles)
+        if key not in self._slots:
+            per_sm = max(hardware.occupancy(self.gpu, self.block, registers, shared).blocks_per_sm, 1)
+            self._slots[key] = max(1, min(per_sm * self.gpu.sms, max_tiles))
+        return self._slots[key]
+
+    def resources(self, g: int) -> tuple[int, int, bool, int]:
+        """Group ``g``'s most registers and shared memory over its stages, whether any spills,
+        and its most tiles: all a window needs of it, whatever the window."""
+        if g not in self._resources:
+            facts = self.facts
+            self._resources[g] = (max((e.registers for e in facts.stages[g]), default=0),
+                                  max((e.shared_bytes for e in facts.stages[g]), default=0),
+                                  any(e.spills for e in facts.stages[g]),
+                                  max((st.tiles for st in facts.work[g]), default=0))
+        return self._resources[g]
+
+    def why_over(self, spills: bool, regs: int, registers: int, shared: int) -> str | None:
+        key = (spills, regs, registers, shared)
+        if key not in self._over:
+            self._over[key] = self._why_over(*key)
+        return self._over[key]
+
+    def _why_over(self, spills: bool, regs: int, registers: int, shared: int) -> str | None:
+        if spills or regs + estimate.STITCH_REGISTERS > estimate.MAX_REGISTERS:
+            return f"registers: more than {estimate.MAX_REGISTERS} per thread (estimated), ptxas would spill"
+        occ = hardware.occupancy(self.gpu, self.block, registers, shared)
+        if occ.blocks_per_sm < 1:
+            return (f"{occ.limited_by}: {registers} registers, {shared} B shared memory per block "
+                    f"(estimated) leave no block of {self.block} threads co-resident on an SM")
+        return None
 
 
 class _Window:
-    """A window ``i..j`` grown one group at a time, its stitched time kept up to date."""
+    """A window ``i..j`` grown one group at a time, its stitched time kept up to date.
+
+    The time partitioner grows ~n^2/2 of them (4.4M additions on the full LSTM), so an addition
+    reads only per-group figures the timer keeps (``resources``, ``stages``)."""
 
     def __init__(self, timer: Timer, producers: list[set[int]], i: int):
         self.t, self.producers, self.i = timer, producers, i
@@ -99,56 +143,147 @@ class _Window:
         self.work = 0.0
 
     def add(self, g: int) -> None:
-        facts = self.t.facts
-        for est, st in zip(facts.stages[g], facts.work[g]):
-            self.regs = max(self.regs, est.registers)
-            self.shared = max(self.shared, est.shared_bytes)
-            self.spills |= est.spills
-            self.tiles = max(self.tiles, st.tiles)
-        if self.members and self.producers[g] & self.since_sync:
+        t = self.t
+        regs, shared, spills, tiles = t.resources(g)
+        self.regs, self.shared = max(self.regs, regs), max(self.shared, shared)
+        self.spills |= spills
+        self.tiles = max(self.tiles, tiles)
+        if self.members and not self.producers[g].isdisjoint(self.since_sync):
             self.syncs += 1
             self.since_sync = set()
-        self.syncs += max(len(facts.work[g]) - 1, 0)      # a group's own launch regions
+        self.syncs += max(len(t.facts.work[g]) - 1, 0)      # a group's own launch regions
         self.since_sync.add(g)
         self.members.append(g)
-        slots = self.t.slots(self.registers, self.shared, self.tiles)
+        slots = t.slots(self.registers, self.shared, self.tiles)
         persistent = len(self.members) > 1      # one group alone is a kernel of its own
-        if (slots, persistent) != (self.slots, self.persistent):
+        if slots != self.slots or persistent != self.persistent:
             self.slots, self.persistent = slots, persistent
-            self.work = sum(self.t.stage(m, s, slots, persistent) for m in self.members
-                            for s in range(len(facts.work[m])))
+            self.work = sum(t.stages(m, slots, persistent) for m in self.members)
         else:
-            self.work += sum(self.t.stage(g, s, slots, persistent) for s in range(len(facts.work[g])))
+            self.work += t.stages(g, slots, persistent)
 
     @property
     def registers(self) -> int:
         return min(self.regs + (estimate.STITCH_REGISTERS if len(self.members) > 1 else 0), estimate.MAX_REGISTERS)
 
     def over_budget(self) -> str | None:
-        if self.spills or self.regs + estimate.STITCH_REGISTERS > estimate.MAX_REGISTERS:
-            return f"registers: more than {estimate.MAX_REGISTERS} per thread (estimated), ptxas would spill"
-        occ = hardware.occupancy(self.t.gpu, self.t.block, self.registers, self.shared)
-        if occ.blocks_per_sm < 1:
-            return (f"{occ.limited_by}: {self.registers} registers, {self.shared} B shared memory per block "
-                    f"(estimated) leave no block of {self.t.block} threads co-resident on an SM")
-        return None
+        return self.t.why_over(self.spills, self.regs, self.registers, self.shared)
 
     def seconds(self) -> float:
         return self.work + self.syncs * self.t.c.sync_us * 1e-6 + self.t.node
+
+
+class _Sweep:
+    """Every window from one start priced at once, with the figures ``_Window`` gives when grown
+    one group at a time (the same sums in the same order). The partitioner prices ~n^2/2
+    windows (the full LSTM's rolled steps: 4.4M), so per start it makes a few array passes
+    instead of one Python step per window."""
+
+    def __init__(self, timer: Timer, producers: list[set[int]], forced: dict[int, str], unstitchable: list,
+                 rep: list, size: list[int], max_groups: int, max_statements: int, names: list[str]):
+        n = len(unstitchable)
+        self.t, self.n, self.forced, self.unstitchable, self.names = timer, n, forced, unstitchable, names
+        self.max_groups, self.max_statements = max_groups, max_statements
+        res = [timer.resources(g) if unstitchable[g] is None else (0, 0, False, 0) for g in range(n)]
+        self.regs, self.shared = np.array([r[0] for r in res]), np.array([r[1] for r in res])
+        self.spills, self.tiles = np.array([r[2] for r in res]), np.array([r[3] for r in res])
+        self.own = np.array([max(len(timer.facts.work[g]) - 1, 0) if unstitchable[g] is None else 0
+                             for g in range(n)])
+        self.rep = np.array([-1 if r is None else r for r in rep])
+        self.size = np.array(size)
+        # where growth must stop after group j: the model's end, a forced cut, an unstitchable next group
+        self.barrier = np.array([j + 1 >= n or j in forced or unstitchable[j + 1] is not None for j in range(n)])
+        # A window needs a grid sync before group g when g reads a member since the last sync; the
+        # members since it are consecutive, so that is: g's latest earlier producer is at or after
+        # the group that followed the last sync. next_sync[p]: the first such g after a sync at p.
+        last = np.array([max((q for q in producers[g] if q < g), default=-1) for g in range(n)])
+        self.next_sync = [p + 1 + int(np.argmax(last[p + 1:] >= p)) if (last[p + 1:] >= p).any() else n
+                          for p in range(n)]
+        self._per_slots: dict[int, np.ndarray] = {}
+
+    def _stage_seconds(self, slots: int) -> np.ndarray:
+        """Every group's stages on ``slots`` resident blocks of a stitched kernel."""
+        if slots not in self._per_slots:
+            self._per_slots[slots] = np.array([self.t.stages(g, slots, True) if self.unstitchable[g] is None else 0.0
+                                               for g in range(self.n)])
+        return self._per_slots[slots]
+
+    def windows(self, i: int, stop: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Every window i..j with j > i the partitioner may grow to: the j, and each one's stitched
+        seconds; why it can grow no further goes into ``stop`` as ``_Window``'s growth records it."""
+        n, t = self.n, self.t
+        ends = np.flatnonzero(self.barrier[i:])
+        last = i + int(ends[0])                  # growth from ``last`` to last + 1 is barred
+        k = np.arange(i + 1, last + 1)           # candidate new members
+        if k.size:
+            # the compile-time budget: rolled repeats are free
+            free = self.rep[k] >= i
+            count = 1 + np.cumsum(~free)
+            used = self.size[i] + np.cumsum(np.where(free, 0, self.size[k]))
+            over_budget = ~free & ((count > self.max_groups) | (used > self.max_statements))
+            # the resource limits of the window i..k, stitched
+            regs = np.maximum.accumulate(self.regs[i:last + 1])[1:]
+            shared = np.maximum.accumulate(self.shared[i:last + 1])[1:]
+            spills = np.logical_or.accumulate(self.spills[i:last + 1])[1:]
+            tiles = np.maximum.accumulate(self.tiles[i:last + 1])[1:]
+            registers = np.minimum(regs + estimate.STITCH_REGISTERS, estimate.MAX_REGISTERS)
+            change = np.flatnonzero(np.diff(regs) | np.diff(shared) | np.diff(spills) | np.diff(tiles)) + 1
+            runs = np.concatenate(([0], change, [k.size]))
+            why = [None] * k.size
+            slots = np.empty(k.size, dtype=np.int64)
+            bad = np.zeros(k.size, dtype=bool)
+            for a, b in zip(runs[:-1], runs[1:]):
+                reason = t.why_over(bool(spills[a]), int(regs[a]), int(registers[a]), int(shared[a]))
+                slots[a:b] = t.slots(int(registers[a]), int(shared[a]), int(tiles[a]))
+                if reason is not None:
+                    bad[a:b], why[a] = True, reason
+            first_budget = int(np.argmax(over_budget)) if over_budget.any() else k.size
+            first_bad = int(np.argmax(bad)) if bad.any() else k.size
+            grown = min(first_budget, first_bad)        # windows i..k[:grown] are allowed
+        else:
+            grown = 0
+        j = i + grown
+        if grown < k.size:
+            if grown == first_budget:
+                stop[(i, j)] = (f"compile-time budget: {self.max_groups} groups or {self.max_statements} statements "
+                                "per stitched kernel")
+            else:
+                stop[(i, j)] = f"adding {self.names[j + 1]} breaks a resource limit: {why[first_bad]}"
+        elif j + 1 < n:
+            stop[(i, j)] = self.forced[j] if j in self.forced else \
+                f"next group is not stitchable: {self.unstitchable[j + 1]}"
+        if grown == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        k, slots = k[:grown], slots[:grown]
+        # work: each window's members on its own slots, summed from i in order
+        work = np.empty(grown)
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(slots)) + 1, [grown]))
+        for a, b in zip(starts[:-1], starts[1:]):
+            work[a:b] = np.cumsum(self._stage_seconds(int(slots[a]))[i:j + 1])[1 + a:1 + b]
+        # grid syncs: each member's own launch regions, and one before each reader of a member since the last
+        syncs = np.cumsum(self.own[i:j + 1])[1:]
+        points, p = [], self.next_sync[i]
+        while p <= j:
+            points.append(p)
+            p = self.next_sync[p]
+        syncs = syncs + np.searchsorted(np.array(points, dtype=np.int64), k, side="right")
+        return k, work + syncs * t.c.sync_us * 1e-6 + t.node
 
 
 def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: dict,
             forced: dict[int, str] | None = None, constants: latency.Constants = latency.FITTED,
             measured: MeasuredTimes | None = None, timer: Timer | None = None,
             max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
-            max_groups: int = MAX_GROUPS_PER_SUBPROGRAM) -> list[tuple[list[int], str]]:
+            max_groups: int = MAX_GROUPS_PER_SUBPROGRAM, sweep: bool = True) -> list[tuple[list[int], str]]:
     """The partition into subprograms that minimises predicted time (see the module doc).
 
     ``facts`` must carry ``work`` and ``stages`` (``pipeline.policies.group_facts``); ``forced``
     maps a group to the reason a boundary must follow it (ptxas feedback); ``measured``: GPU
     times that win over the model's (default: none); ``timer``: one already made (it caches stage
-    times; the pipeline reuses it after partitioning). Returns (group indices, the reason for
-    the boundary that ends the subprogram)."""
+    times; the pipeline reuses it after partitioning); ``sweep``: price all windows from one
+    start at once (``_Sweep``, the same figures; False: grow them one group at a time, the
+    reference the tests hold it to). Returns (group indices, the reason for the boundary that
+    ends the subprogram)."""
     forced = forced or {}
     n = len(groups)
     timer = timer or Timer(facts, gpu, constants, measured=measured)
@@ -161,56 +296,75 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
         return f"opaque op ({g.opaque.reason})" if g.opaque is not None else facts.unstitchable[i]
 
     alone = [timer.separate(i) if groups[i].opaque is None and facts.work[i] else 0.0 for i in range(n)]
-    best = [0.0] + [float("inf")] * n
-    choice = [0] * (n + 1)
-    stitched: dict[tuple[int, int], float] = {}
     stop: dict[tuple[int, int], str] = {}     # why window i..j cannot grow to j + 1
+
+    def grow(i: int):
+        """Window i..j stitched, for j = i + 1, i + 2, ... while it may grow: (j, seconds)."""
+        w = _Window(timer, producers, i)
+        w.add(i)
+        used, count, j = size[i], 1, i
+        while j + 1 < n:
+            if j in forced:
+                stop[(i, j)] = forced[j]
+                return
+            nwhy = unstitchable(j + 1)
+            if nwhy is not None:
+                stop[(i, j)] = f"next group is not stitchable: {nwhy}"
+                return
+            rolled = rep[j + 1] is not None and rep[j + 1] >= i
+            if not rolled and (count + 1 > max_groups or used + size[j + 1] > max_statements):
+                stop[(i, j)] = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
+                                "per stitched kernel")
+                return
+            w.add(j + 1)
+            over = w.over_budget()
+            if over is not None:
+                stop[(i, j)] = f"adding {groups[j + 1].name} breaks a resource limit: {over}"
+                return
+            j += 1
+            if not rolled:
+                used, count = used + size[j], count + 1
+            yield j, w.seconds()
+
+    def grown(i: int) -> tuple[np.ndarray, np.ndarray]:
+        done = list(grow(i))
+        return np.array([j for j, _ in done], dtype=np.int64), np.array([t for _, t in done])
+
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    choice = [0] * (n + 1)
+    stitched: dict[tuple[int, int], float] = {}     # (i, j) -> seconds, where window i..j improved best[j + 1]
+    fast = _Sweep(timer, producers, forced, [unstitchable(i) for i in range(n)], rep, size,
+                  max_groups, max_statements, [g.name for g in groups]) if sweep else None
     for i in range(n):
         if best[i] + alone[i] < best[i + 1]:
             best[i + 1], choice[i + 1] = best[i] + alone[i], i
         if unstitchable(i) is not None:
             continue
-        w = _Window(timer, producers, i)
-        w.add(i)
-        used, count, j = size[i], 1, i
-        while True:
-            if j + 1 >= n:
-                break
-            if j in forced:
-                stop[(i, j)] = forced[j]
-                break
-            nwhy = unstitchable(j + 1)
-            if nwhy is not None:
-                stop[(i, j)] = f"next group is not stitchable: {nwhy}"
-                break
-            rolled = rep[j + 1] is not None and rep[j + 1] >= i
-            if not rolled and (count + 1 > max_groups or used + size[j + 1] > max_statements):
-                stop[(i, j)] = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
-                                "per stitched kernel")
-                break
-            w.add(j + 1)
-            over = w.over_budget()
-            if over is not None:
-                stop[(i, j)] = f"adding {groups[j + 1].name} breaks a resource limit: {over}"
-                break
-            j += 1
-            if not rolled:
-                used, count = used + size[j], count + 1
-            t = w.seconds()
+        ends, seconds = fast.windows(i, stop) if fast is not None else grown(i)
+        total = best[i] + seconds
+        better = total < best[ends + 1]
+        for j, t, tt in zip(ends[better].tolist(), seconds[better].tolist(), total[better].tolist()):
+            best[j + 1], choice[j + 1] = tt, i
             stitched[(i, j)] = t
-            if best[i] + t < best[j + 1]:
-                best[j + 1], choice[j + 1] = best[i] + t, i
+
+    def window_seconds(i: int, k: int) -> float | None:
+        """Window i..k stitched, None where it may not grow that far (a reason's figures)."""
+        if (i, k) not in stitched:
+            stitched[(i, k)] = next((t for j, t in grow(i) if j == k), None)
+        return stitched[(i, k)]
+
     segments = []
     k = n
     while k > 0:
         segments.append(list(range(choice[k], k)))
         k = choice[k]
     segments.reverse()
-    return [(seg, _reason(groups, seg, nxt, unstitchable, forced, stop, stitched, alone))
+    return [(seg, _reason(groups, seg, nxt, unstitchable, forced, stop, window_seconds, alone))
             for seg, nxt in zip(segments, segments[1:] + [None])]
 
 
-def _reason(groups, seg, nxt, unstitchable, forced, stop, stitched, alone) -> str:
+def _reason(groups, seg, nxt, unstitchable, forced, stop, window_seconds, alone) -> str:
     i, k = seg[0], seg[-1]
     if nxt is None:
         return "end of model"
@@ -220,9 +374,9 @@ def _reason(groups, seg, nxt, unstitchable, forced, stop, stitched, alone) -> st
         return stop[(i, k)]
     if k in forced:
         return forced[k]
-    here = (stitched.get((i, k)) if len(seg) > 1 else alone[i]) or 0.0
-    after = (stitched.get((nxt[0], nxt[-1])) if len(nxt) > 1 else alone[nxt[0]]) or 0.0
-    joined = stitched.get((i, nxt[-1]))
+    here = (window_seconds(i, k) if len(seg) > 1 else alone[i]) or 0.0
+    after = (window_seconds(nxt[0], nxt[-1]) if len(nxt) > 1 else alone[nxt[0]]) or 0.0
+    joined = window_seconds(i, nxt[-1])
     if joined is None:
         return f"time: joining {groups[nxt[0]].name} is not a window the budget allows"
     return (f"time: separate kernels predicted faster ({(here + after) * 1e6:.1f} us as "

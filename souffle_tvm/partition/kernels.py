@@ -41,7 +41,7 @@ def _joins_rows(op: te.ComputeOp, group: Group, members: set) -> bool:
         return False
     for prod, idx in te_rewrite.loads(op.body[0]):
         if prod.op in members:
-            pattern, reuse, _ = analysis.access_pattern(op, prod, idx)
+            pattern, reuse = analysis.access_pattern(op, prod, idx)
             if pattern == "reduce-read" and reuse > 1:
                 return False
     return True

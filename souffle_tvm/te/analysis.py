@@ -114,18 +114,27 @@ def stage_flops(op: te.ComputeOp) -> int:
     return total // max(len(op.body), 1) if len(op.body) > 1 else total
 
 
-def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tuple[str, float, str]:
-    """(pattern, reuse, index-map text) of one load of ``producer`` by ``op``."""
+def _simplified(op: te.ComputeOp, indices: list) -> tuple[list, list]:
     ivs = iter_vars(op)
-    dom = {iv.var: iv.dom for iv in ivs}
     ana = tvm.sym.Analyzer()
-    for v, r in dom.items():
-        ana.bind(v, r)
-    idx = [te_rewrite.simplify(ana, i) for i in indices]
+    for iv in ivs:
+        ana.bind(iv.var, iv.dom)
+    return ivs, [te_rewrite.simplify(ana, i) for i in indices]
+
+
+def index_map_text(op: te.ComputeOp, indices: list) -> str:
+    """One load's index map as text, ``i, j: (j, i)`` (what ``analyze`` shows)."""
+    ivs, idx = _simplified(op, indices)
     text = str(tirx.IndexMap([iv.var for iv in ivs], idx, None)).replace("T.index_map(lambda ", "")
-    text = text[:-1] if text.endswith(")") else text   # only index_map's own paren: the tuple keeps its ")"
+    return text[:-1] if text.endswith(")") else text   # only index_map's own paren: the tuple keeps its ")"
+
+
+def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tuple[str, float]:
+    """(pattern, reuse) of one load of ``producer`` by ``op``."""
+    ivs, idx = _simplified(op, indices)
+    dom = {iv.var: iv.dom for iv in ivs}
     if any(te_rewrite.loads(i) for i in idx):
-        return "gather", 1.0, text
+        return "gather", 1.0
     used = tir_stats.vars_in(*idx) & set(dom)
     iters = math.prod(_extent(iv) for iv in ivs)
     used_ext = math.prod(_extent(iv) for iv in ivs if iv.var in used)
@@ -152,7 +161,7 @@ def access_pattern(op: te.ComputeOp, producer: te.Tensor, indices: list) -> tupl
         pattern = "slice"
     else:
         pattern = "other"
-    return pattern, reuse, text
+    return pattern, reuse
 
 
 def _is_concat(op: te.ComputeOp) -> bool:
@@ -177,7 +186,7 @@ def classify(op: te.ComputeOp) -> tuple[str, str, bool]:
                 bool(te_rewrite.loads(m.a)) and bool(te_rewrite.loads(m.b)))))
         heavy = any(products) and any(
             p == "reduce-read" and r > 1 and math.prod(_ints(t.shape)) > 1
-            for t, i in te_rewrite.loads(body) for p, r, _ in [access_pattern(op, t, i)])
+            for t, i in te_rewrite.loads(body) for p, r in [access_pattern(op, t, i)])
         return REDUCTION, ("contraction" if heavy else "reduce"), heavy
     lds = te_rewrite.loads(body)
     patterns = [access_pattern(op, t, i)[0] for t, i in lds]
@@ -228,8 +237,8 @@ def analyze(prog: TEProgram) -> Analysis:
         edges, footprint = [], 0
         seen_producers = set()
         for prod, idx in te_rewrite.loads(op.body[t.value_index]):
-            pattern, reuse, text = access_pattern(op, prod, idx)
-            edges.append(Edge(prod.op.name, text, pattern, round(reuse, 3)))
+            pattern, reuse = access_pattern(op, prod, idx)
+            edges.append(Edge(prod.op.name, index_map_text(op, idx), pattern, round(reuse, 3)))
             if prod.op not in seen_producers:
                 seen_producers.add(prod.op)
                 footprint += tensor_bytes(prod)

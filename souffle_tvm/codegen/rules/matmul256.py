@@ -55,11 +55,15 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
             return self._apply(func, target, self.micro)
         # (repeats are not scheduled again: pipeline.policies keeps the default rules' schedules
         # across compiles, and each GEMM's tile for the two-phase pass)
-        counts = {micro: predicted_blocks(func, MATMUL_THREADS * micro) for micro in MATMUL_MICROS}
-        if None not in counts.values():
+        extents = contraction_extents(func)
+        if extents == ():
+            return None       # dlight's GEMM rule finds no contraction here either
+        if extents is not None:
+            counts = {micro: _tiles(extents, MATMUL_THREADS * micro) for micro in MATMUL_MICROS}
             # The tile count of each side is known before scheduling: schedule only the winner,
             # and search as below if its schedule has another count than predicted.
-            micro = min(MATMUL_MICROS, key=lambda m: (self._seconds(func, counts[m], target), MATMUL_MICROS.index(m)))
+            seconds = {m: self._seconds(func, counts[m], target) for m in MATMUL_MICROS}
+            micro = min(MATMUL_MICROS, key=lambda m: (seconds[m], MATMUL_MICROS.index(m)))
             sch = self._apply(func, target, micro)
             if sch is not None and not isinstance(sch, list) and block_count(sch.mod["main"]) == counts[micro]:
                 return sch
@@ -107,23 +111,31 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, side))
 
 
-def predicted_blocks(func: tirx.PrimFunc, side: int) -> int | None:
-    """Blocks dlight's GEMM schedule of ``func`` launches with a ``side`` x ``side`` output
-    tile, read before scheduling: batch x ceil(I / side) x ceil(J / side) of the contraction
-    normalised as dlight does (``C[S, I, J] += A[S, I, K] * B[S, J, K]``); None where dlight
-    would not see a GEMM."""
+def contraction_extents(func: tirx.PrimFunc) -> tuple[int, ...] | None:
+    """(batch, rows, columns) of ``func``'s contraction normalised as dlight's GEMM rule does it
+    (``C[S, I, J] += A[S, I, K] * B[S, J, K]``); () where that rule finds no contraction; None
+    where the extents are not constants."""
     sch = s_tir.Schedule(func)
     reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
-    if not reductions:
-        return None
-    block = sch.get(reductions[0])
-    maps = get_index_map(block)
+    block = sch.get(reductions[0]) if reductions else None
+    maps = get_index_map(block) if block is not None else None
     if maps is None:
-        return None
+        return ()
     shape = maps[0].map_shape([iv.dom.extent for iv in block.iter_vars])
     if len(shape) != 4 or not all(isinstance(e, tirx.IntImm) for e in shape):
         return None
-    batch, rows, cols, _ = (int(e) for e in shape)
+    return tuple(int(e) for e in shape[:3])
+
+
+def predicted_blocks(func: tirx.PrimFunc, side: int) -> int | None:
+    """Blocks dlight's GEMM schedule of ``func`` launches with a ``side`` x ``side`` output
+    tile, read before scheduling; None where that is not known."""
+    extents = contraction_extents(func)
+    return _tiles(extents, side) if extents else None
+
+
+def _tiles(extents: tuple[int, ...], side: int) -> int:
+    batch, rows, cols = extents
     return batch * -(-rows // side) * -(-cols // side)
 
 
