@@ -43,6 +43,21 @@ from ..transforms.two_phase import Candidate
 _DEFAULT_SCHEDULES: dict = {}
 
 
+def default_schedule(func: tirx.PrimFunc, target, block_size: int | None = None, gemm_k_tile: int | None = None,
+                     gemm_tile: int | None = None) -> schedule.Scheduled:
+    """``schedule.schedule_group``, once per structurally distinct function and settings in a
+    process (the two-phase pass asks for a GEMM's tile, the partitioner then schedules the same
+    GEMM alone)."""
+    key = (str(target), block_size, gemm_k_tile, gemm_tile, tvm_ffi.structural_hash(func))
+    bucket = _DEFAULT_SCHEDULES.setdefault(key, [])
+    for seen, done in bucket:
+        if tvm_ffi.structural_equal(seen, func):
+            return done
+    done = schedule.schedule_group(func, target, block_size, gemm_k_tile, gemm_tile)
+    bucket.append((func, done))
+    return done
+
+
 class ScheduleCache:
     """Each structurally distinct group PrimFunc is scheduled once: from the tuning database
     when it holds a usable record for it (``database.lookup``), else by the default rules
@@ -74,14 +89,7 @@ class ScheduleCache:
         return done
 
     def _default(self, func) -> schedule.Scheduled:
-        key = (str(self.target), self.block_size, self.gemm_k_tile, self.gemm_tile, tvm_ffi.structural_hash(func))
-        bucket = _DEFAULT_SCHEDULES.setdefault(key, [])
-        for seen, done in bucket:
-            if tvm_ffi.structural_equal(seen, func):
-                return done
-        done = schedule.schedule_group(func, self.target, self.block_size, self.gemm_k_tile, self.gemm_tile)
-        bucket.append((func, done))
-        return done
+        return default_schedule(func, self.target, self.block_size, self.gemm_k_tile, self.gemm_tile)
 
     def _tuned(self, func) -> schedule.Scheduled | str | None:
         """The database's schedule of ``func``, or why its record cannot be used (None: no record)."""
@@ -140,7 +148,7 @@ def gemm_tile(gemm: te.Tensor, side: int | None = None) -> tuple[int, int] | Non
 
 def _tile_of(func: tirx.PrimFunc, target, side: int | None) -> tuple[int, int] | None:
     try:
-        done = schedule.schedule_group(func, target, STITCH_BLOCK, gemm_tile=side)
+        done = default_schedule(func, target, STITCH_BLOCK, gemm_tile=side)
         stages = lower.lower_stage("gemm", done.func, target) if done.rule in _TILE_RULES else []
     except (ScheduleError, StitchError):
         return None
