@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow      # two fresh compiles, ~12 s: make test-all
 def test_compile_time_script_writes_its_table(tmp_path):
     out = tmp_path / "ct"
     subprocess.run([sys.executable, str(ROOT / "python" / "compile_time.py"), "--models", "mmoe", "--out", str(out)],

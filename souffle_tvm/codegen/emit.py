@@ -59,6 +59,21 @@ def group_primfunc(group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.Pri
     return func, externals
 
 
+class GroupFuncs:
+    """``group_primfunc`` once per (members, outputs): the partitioner's schedule checks and both
+    of a partition's emits (scheduled and not) ask for the same groups."""
+
+    def __init__(self):
+        self._made: dict = {}
+
+    def __call__(self, group: Group, outputs: list[te.Tensor]) -> tuple[tvm.tirx.PrimFunc, list[te.Tensor]]:
+        key = (tuple(m.op for m in group.members), tuple((o.op, o.value_index) for o in outputs))
+        if key not in self._made:
+            self._made[key] = group_primfunc(group, outputs)
+        func, externals = self._made[key]
+        return func, list(externals)
+
+
 def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
     """0, or in a reduction (``patterns`` not None) the number of the distinct index pattern
     ``tensor`` is read at."""
@@ -72,12 +87,14 @@ def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
     return len(seen) - 1
 
 
-def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule:
+def emit_module(prog: TEProgram, part: Partition, schedule=None, funcs: GroupFuncs | None = None) -> tvm.IRModule:
     """``main(inputs..., weights...)`` calling one PrimFunc per group, in the partition's order.
 
     The parameters are the program's inputs then its weights (``prog.weight_arrays()`` order).
-    ``schedule(func) -> func`` schedules each group PrimFunc (identity when None).
+    ``schedule(func) -> func`` schedules each group PrimFunc (identity when None); ``funcs``:
+    the group PrimFuncs already made (default: made here).
     """
+    make = funcs or group_primfunc
     placeholders = list(prog.inputs) + list(prog.weights)
     params = [relax.Var(t.op.name, relax.TensorType([int(d) for d in t.shape], str(t.dtype))) for t in placeholders]
     num_input = len(prog.inputs)
@@ -96,7 +113,7 @@ def emit_module(prog: TEProgram, part: Partition, schedule=None) -> tvm.IRModule
                     _emit_opaque(bb, g, env)
                     continue
                 outs = outputs_of[id(g)]
-                func, externals = group_primfunc(g, outs)
+                func, externals = make(g, outs)
                 if schedule is not None:
                     func = schedule(func)
                 gv = bb.add_func(func, f"{GROUP_PREFIX}{g.name}")

@@ -128,8 +128,9 @@ class Timer:
 class _Window:
     """A window ``i..j`` grown one group at a time, its stitched time kept up to date.
 
-    The time partitioner grows ~n^2/2 of them (4.4M additions on the full LSTM), so an addition
-    reads only per-group figures the timer keeps (``resources``, ``stages``)."""
+    The reference for ``_Sweep``, which prices the same windows in array passes; the reasons'
+    figures regrow the few windows they name. An addition reads only per-group figures the
+    timer keeps (``resources``, ``stages``)."""
 
     def __init__(self, timer: Timer, producers: list[set[int]], i: int):
         self.t, self.producers, self.i = timer, producers, i

@@ -181,8 +181,9 @@ class PartitionAndEmit:
             notes.append((list(done.notes), done.failures))
             return done.func
 
-        out = emit.emit_module(prog, part, schedule=schedule)
-        info = {**_info(mod), "partition": part, "program": prog, "unscheduled": emit.emit_module(prog, part),
+        out = emit.emit_module(prog, part, schedule=schedule, funcs=scheduled.group_funcs)
+        info = {**_info(mod), "partition": part, "program": prog,
+                "unscheduled": emit.emit_module(prog, part, funcs=scheduled.group_funcs),
                 "schedule_notes": notes, "rule_failures": scheduled.failures}
         return (out.with_attr(PARAMS, tvm_ffi.convert([tvm.runtime.tensor(a) for a in prog.weight_arrays()]))
                 .with_attr(INFO, tvm_ffi.convert(info)))

@@ -71,6 +71,7 @@ class ScheduleCache:
         self.database = database
         self.cache: dict = {}
         self.failures = 0     # rules that raised, over every distinct function scheduled
+        self.group_funcs = emit.GroupFuncs()    # the group PrimFuncs ``why_not_fused`` made (emit reuses them)
 
     def __call__(self, func) -> schedule.Scheduled:
         bucket = self.cache.setdefault(tvm_ffi.structural_hash(func), [])
@@ -107,7 +108,7 @@ class ScheduleCache:
 
     def why_not_fused(self, group: Group, outputs: list) -> str | None:
         """None when the group schedules as well as its anchor does alone; else why not."""
-        func, _ = emit.group_primfunc(group, outputs)
+        func, _ = self.group_funcs(group, outputs)
         try:
             done = self(func)
         except ScheduleError as err:
@@ -115,7 +116,7 @@ class ScheduleCache:
         anchor = group.anchor
         if anchor is None or len(group.members) == 1:
             return None
-        alone, _ = emit.group_primfunc(Group([anchor]), [anchor])
+        alone, _ = self.group_funcs(Group([anchor]), [anchor])
         try:
             anchor_rule = self(alone).rule
         except ScheduleError:
