@@ -327,7 +327,7 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
                 used, count = used + size[j], count + 1
             yield j, w.seconds()
 
-    def grown(i: int) -> tuple[np.ndarray, np.ndarray]:
+    def grown_one_by_one(i: int) -> tuple[np.ndarray, np.ndarray]:
         done = list(grow(i))
         return np.array([j for j, _ in done], dtype=np.int64), np.array([t for _, t in done])
 
@@ -342,7 +342,7 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
             best[i + 1], choice[i + 1] = best[i] + alone[i], i
         if unstitchable(i) is not None:
             continue
-        ends, seconds = fast.windows(i, stop) if fast is not None else grown(i)
+        ends, seconds = fast.windows(i, stop) if fast is not None else grown_one_by_one(i)
         total = best[i] + seconds
         better = total < best[ends + 1]
         for j, t, tt in zip(ends[better].tolist(), seconds[better].tolist(), total[better].tolist()):

@@ -27,6 +27,7 @@ from ..core import estimate, hardware, latency, measured, tir_stats
 from ..codegen.rules import Matmul256, TensorCoreMatmul
 from ..core.geometry import STITCH_BLOCK
 from ..core.ir_names import GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
+from ..core.structural import ByStructure
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
 from ..partition import by_time
@@ -40,7 +41,7 @@ from ..transforms.two_phase import Candidate
 
 # The default rules' schedules, across compiles in one process (the rules are deterministic):
 # (target, block size, K tile, GEMM tile, structural hash) -> [(group PrimFunc, Scheduled)]
-_DEFAULT_SCHEDULES: dict = {}
+_DEFAULT_SCHEDULES = ByStructure()
 
 
 def default_schedule(func: tirx.PrimFunc, target, block_size: int | None = None, gemm_k_tile: int | None = None,
@@ -48,14 +49,8 @@ def default_schedule(func: tirx.PrimFunc, target, block_size: int | None = None,
     """``schedule.schedule_group``, once per structurally distinct function and settings in a
     process (the two-phase pass asks for a GEMM's tile, the partitioner then schedules the same
     GEMM alone)."""
-    key = (str(target), block_size, gemm_k_tile, gemm_tile, tvm_ffi.structural_hash(func))
-    bucket = _DEFAULT_SCHEDULES.setdefault(key, [])
-    for seen, done in bucket:
-        if tvm_ffi.structural_equal(seen, func):
-            return done
-    done = schedule.schedule_group(func, target, block_size, gemm_k_tile, gemm_tile)
-    bucket.append((func, done))
-    return done
+    return _DEFAULT_SCHEDULES(func, lambda: schedule.schedule_group(func, target, block_size, gemm_k_tile, gemm_tile),
+                              key=(str(target), block_size, gemm_k_tile, gemm_tile))
 
 
 class ScheduleCache:
@@ -69,15 +64,14 @@ class ScheduleCache:
         self.block_size = block_size
         self.gemm_k_tile, self.gemm_tile = gemm_k_tile, gemm_tile
         self.database = database
-        self.cache: dict = {}
+        self.cache = ByStructure()
         self.failures = 0     # rules that raised, over every distinct function scheduled
         self.group_funcs = emit.GroupFuncs()    # the group PrimFuncs ``why_not_fused`` made (emit reuses them)
 
     def __call__(self, func) -> schedule.Scheduled:
-        bucket = self.cache.setdefault(tvm_ffi.structural_hash(func), [])
-        for seen, done in bucket:
-            if tvm_ffi.structural_equal(seen, func):
-                return done
+        return self.cache(func, lambda: self._schedule(func))
+
+    def _schedule(self, func) -> schedule.Scheduled:
         done = self._tuned(func) if self.database is not None else None
         if not isinstance(done, schedule.Scheduled):
             why = done
@@ -86,7 +80,6 @@ class ScheduleCache:
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
                 done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)
-        bucket.append((func, done))
         return done
 
     def _default(self, func) -> schedule.Scheduled:
