@@ -163,8 +163,10 @@ def markdown(result: dict) -> str:
              f"TVM {result['tvm']}, target {result['target']}, {result['machine']}. "
              f"Compiled at {'small' if result['small'] else 'full'} size. `est. ms` are roofline ESTIMATES for "
              f"{gpu} (souffle_tvm/report/roofline.py), not measurements; see docs/benchmarks.md.", "",
-             *[f"Rebuilt later ({r['date']}, `--configs {' '.join(r['configs'])}`): those columns come from "
-               f"that run, the others from the first." for r in result.get("rebuilt", [])],
+             *[f"Rebuilt later ({r['date']}, `--configs {' '.join(r['configs'])}`"
+               + (f" `--models {' '.join(r['models'])}`" if r.get("models") else "")
+               + "): those columns come from that run, the others from the first."
+               for r in result.get("rebuilt", [])],
              "## Launches, bytes and estimated latency: TVM vs Souffle V3", "",
              "| model | dtype | launches tvm | v3 | tvm / v3 | grid syncs v3 | MB tvm | MB v3 | GFLOP | "
              "est. ms tvm | est. ms v3 | tvm / v3 est. | est. floor ms | compile s tvm | v3 (+nvcc) |",
@@ -266,7 +268,10 @@ def main() -> int:
         by_model = {r["model"]: r for r in fresh}
         for r in kept["compile"]:
             r.update({k: v for k, v in by_model.get(r["model"], {}).items() if k in args.configs})
-        kept.setdefault("rebuilt", []).append({"configs": args.configs, "date": stamp})
+        rebuilt = {"configs": args.configs, "date": stamp}
+        if sorted(by_model) != sorted(r["model"] for r in kept["compile"]):
+            rebuilt["models"] = sorted(by_model)
+        kept.setdefault("rebuilt", []).append(rebuilt)
         result = kept | {"plots": None}
         result["compile"] = kept["compile"]
     else:

@@ -8,7 +8,8 @@ import pytest
 from tvm import te
 
 from souffle_tvm.codegen import schedule
-from souffle_tvm.codegen.rules.matmul256 import Matmul256, block_count, predicted_blocks
+from souffle_tvm.codegen.rules.gemm_tiles import block_count, predicted_blocks
+from souffle_tvm.codegen.rules.matmul256 import Matmul256
 from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import OptionsError
@@ -31,7 +32,7 @@ def _gemm(m: int, n: int, k: int, epilogue: bool = False):
 def _chosen(func, slots: int) -> tuple[int, int]:
     with CUDA:
         out = Matmul256(slots=slots).apply(func, CUDA, False).mod["main"]
-    return int(out.attrs[GEMM_TILE_ATTR]), block_count(out)
+    return int(out.attrs[GEMM_TILE_ATTR][0]), block_count(out)
 
 
 @pytest.mark.parametrize("slots,side", [(64, 64), (256, 32), (1024, 16)])
@@ -59,7 +60,7 @@ def test_a_fused_epilogue_does_not_change_the_tile():
 
 def test_the_tile_can_be_fixed():
     done = schedule.schedule_group(_gemm(128, 256, 256), CUDA, 256, gemm_tile=64)
-    assert done.rule == "Matmul" and int(done.func.attrs[GEMM_TILE_ATTR]) == 64 and block_count(done.func) == 8
+    assert done.rule == "Matmul" and [int(e) for e in done.func.attrs[GEMM_TILE_ATTR]] == [64, 64] and block_count(done.func) == 8
     with pytest.raises(OptionsError, match="unknown GEMM tile 48"):
         Options(level="v3", gemm_tile=48).check(CUDA)
 

@@ -1,6 +1,7 @@
 """Tensor-core GEMM stages (``codegen.rules.tensorcore.TensorCoreMatmul``: wmma 16x16x16 fragments) run on the
 CPU through the emulator's warp-matrix model and match numpy / onnxruntime, alone, with a fused
-epilogue, batched, and inside a stitched kernel; planted wmma faults are caught.
+epilogue, batched, and inside a stitched kernel, in every warp-grid form its tiles take; planted
+wmma faults are caught; the tile is the latency model's fastest for the grid.
 
 The first test in a session pays TVM's one-time import of its tensor intrinsics (about 30 s on
 a loaded 2-core machine), whichever test that is.
@@ -17,7 +18,9 @@ from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import runner
 from souffle_tvm.codegen import schedule
-from souffle_tvm.codegen.rules.tensorcore import TensorCoreMatmul
+from souffle_tvm.codegen.rules.gemm_tiles import block_count
+from souffle_tvm.codegen.rules.tensorcore import TILES, TensorCoreMatmul, WarpTile
+from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.stitch import kernel_ir, lower
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
@@ -203,3 +206,41 @@ def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
     for cmp in runner.compare(m.outputs, outs, ref):
         assert cmp.finite and cmp.rel_l2 < 1e-2, cmp                    # measured 2.4e-3 (fp16 sums)
+
+
+# -- the tile sized to the grid (issue 17, item 4) ---------------------------------------------
+def _tile_of(func, slots: int):
+    with CUDA:
+        out = TensorCoreMatmul(slots=slots).apply(func, CUDA, False).mod["main"]
+    return tuple(int(e) for e in out.attrs[GEMM_TILE_ATTR]), block_count(out)
+
+
+@pytest.mark.parametrize("shape,slots,tile", [((384, 768, 3072), 396, (32, 64)),     # BERT-base's FFN down
+                                              ((128, 256, 128), 4, (64, 128)),
+                                              ((128, 256, 128), 8, (64, 64)),
+                                              ((128, 256, 128), 16, (32, 64))])
+def test_the_tensor_core_tile_is_the_models_fastest_for_the_grid(shape, slots, tile):
+    """dlight's 128 x 128 tile gives BERT-base's 384 x 768 GEMM 18 blocks for 396 resident ones.
+    The rule takes the tile the model predicts fastest, and it launches the count predicted:
+    on 4, 8 or 16 resident blocks a 128 x 256 GEMM takes the tile whose 4, 8 or 16 blocks fill
+    the grid in one whole wave."""
+    m, n, k = shape
+    func, _, _ = _gemm("float32", M=m, N=n, K=k)
+    rule = TensorCoreMatmul(slots=slots)
+    times = {(t.rows, t.cols): rule.predicted_seconds(func, (1, m, n), t, CUDA) for t in TILES}
+    chosen, blocks = _tile_of(func, slots)
+    assert chosen == tile and times[chosen] == min(times.values())
+    assert blocks == -(-m // tile[0]) * -(-n // tile[1])
+
+
+@pytest.mark.parametrize("tile", [WarpTile(2, 4, 2, 1), WarpTile(4, 2, 2, 1), WarpTile(2, 4, 1, 2)],
+                         ids=["64x64", "128x32", "32x128"])
+def test_every_tile_shape_is_emulated_right_on_a_ragged_gemm(tile):
+    """Warp grids 2 x 4 and 4 x 2, unequal fragments per warp, and a GEMM (100 x 200 x 80, + bias,
+    ReLU) that no tile divides: the padded edge tiles must not leak into the output."""
+    func, arrays, ref = _gemm("float32", bias=True, M=100, N=200, K=80)
+    with CUDA:
+        out = TensorCoreMatmul(tile).apply(func, CUDA, False).mod["main"].with_attr("tirx.is_scheduled", True)
+    assert [int(e) for e in out.attrs[GEMM_TILE_ATTR]] == [tile.rows, tile.cols]
+    assert block_count(out) == -(-100 // tile.rows) * -(-200 // tile.cols)
+    assert _rel_l2(_emulated(out, arrays, ref.shape), ref) < 2e-3

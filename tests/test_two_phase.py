@@ -274,19 +274,20 @@ def test_atomics_racing_their_zero_fill_are_caught(atomic_layernorm):
     assert any("atomic_sum" in p and "no grid sync" in p for p in problems), problems
 
 
-# -- tensor-core GEMMs (fp16): partials in the 64 x 128 warp tiles -------------------------------
+# -- tensor-core GEMMs (fp16): partials in the tensor-core rule's tiles ---------------------------
 def test_fp16_reductions_split_in_the_tensor_core_tiles():
-    """An fp16 GEMM gets the tensor-core schedule, whose blocks write 64 x 128 tiles: the partials
-    take that tile (64 rows per block, 128 columns each: 2 per 256-wide row)."""
+    """An fp16 GEMM gets the tensor-core schedule, whose tile is sized to the stitched grid: the
+    128 x 256 GEMM's 32 x 64 tiles (16 blocks; 64 x 128 would give 4) are the smallest the rule
+    has. The partials take that tile: 32 rows per block, 64 columns each (4 per 256-wide row)."""
     prog = _program(gemm_then("layernorm", dtype="float16"), "float16")
     mm = next(t for t in prog.stages() if t.op.name == "matmul")
-    assert gemm_tile(mm) == (64, 128)
+    assert gemm_tile(mm) == (32, 64)
     res = two_phase(prog, gemm_tile)
     assert res.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
-    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 2] for t in partials)
+    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
     assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} \
-        == {(64, 128)}
+        == {(32, 64)}
 
 
 @pytest.fixture(scope="module", params=["deterministic", "atomic"])

@@ -127,10 +127,11 @@ _TILES: dict = {}    # memo across compiles: structural hash of a GEMM's group P
 
 def gemm_tile(gemm: te.Tensor, side: int | None = None) -> tuple[int, int] | None:
     """The output tile (rows, columns) one block of ``gemm``'s stitched schedule writes, or
-    None when it has no such tile a two-phase partial could share: the square the SIMT rule
-    sizes to the stitched grid (``Matmul``: 64, 32 or 16 wide, 16x16 threads), or the tensor-core rule's warp tile
-    (``TensorCoreMatmul``, fp16: 64 x 128). Decided for CUDA, whatever the target, so the CPU
-    twin runs the same program. ``side``: the SIMT tile side the options fix (``Options.gemm_tile``).
+    None when it has no such tile a two-phase partial could share: each stitched GEMM rule sizes
+    it to the stitched grid (``Matmul``: a square 64, 32 or 16 wide, 16x16 threads;
+    ``TensorCoreMatmul``, fp16: 32 x 64 to 64 x 128) and says which on the schedule
+    (``GEMM_TILE_ATTR``). Decided for CUDA, whatever the target, so the CPU twin runs the same
+    program. ``side``: the SIMT tile side the options fix (``Options.gemm_tile``).
     The stitcher still proves each partial block-local (else it
     keeps a grid sync): this answer only says where a proof can succeed."""
     func, _ = emit.group_primfunc(Group([gemm]), [gemm])
@@ -147,20 +148,18 @@ def _tile_of(func: tirx.PrimFunc, target, side: int | None) -> tuple[int, int] |
     except (ScheduleError, StitchError):
         return None
     # one launch region, its threads the rule's own (not, e.g., a tuned variant's)
-    if len(stages) != 1 or _thread_count(stages[0]) != _TILE_RULES[done.rule].threads:
+    if len(stages) != 1 or _thread_count(stages[0]) != _TILE_RULES[done.rule] or GEMM_TILE_ATTR not in done.func.attrs:
         return None
-    if GEMM_TILE_ATTR in done.func.attrs:     # the tile the rule chose for this GEMM's grid
-        side = int(done.func.attrs[GEMM_TILE_ATTR])
-        return side, side
-    return _TILE_RULES[done.rule].tile
+    rows, cols = (int(e) for e in done.func.attrs[GEMM_TILE_ATTR])
+    return rows, cols
 
 
 def _thread_count(stage) -> int:
     return math.prod(e for _, e in stage.threads.values())
 
 
-# the stitched GEMM rules whose blocks write one dense output tile each
-_TILE_RULES = {"Matmul": Matmul256(), "TensorCoreMatmul": TensorCoreMatmul()}
+# the stitched GEMM rules whose blocks write one dense output tile each, and their threads
+_TILE_RULES = {"Matmul": Matmul256().threads, "TensorCoreMatmul": TensorCoreMatmul.threads}
 
 
 def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,

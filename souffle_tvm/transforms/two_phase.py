@@ -3,7 +3,7 @@
 A reduction over the last axis of a GEMM's output (softmax's max and exp-sum, LayerNorm's sum
 and variance) would wait, after a grid sync, for whole rows. Split in two, its first phase
 reduces each ``cols``-wide slice of a row — exactly the slice one GEMM thread block wrote
-(its ``rows x cols`` output tile: 64 x 64 on SIMT threads, 64 x 128 on tensor cores), so the
+(its ``rows x cols`` output tile, which the GEMM's rule sizes to the grid), so the
 stitcher can prove it block-local and drop the grid sync in between — into a partial buffer
 ``P[..., j]``; after one grid sync, the second phase combines
 the partials of a row. Deterministic (a fixed combine order), and exact in real arithmetic:

@@ -4,17 +4,14 @@ its tile sized to the kernel's grid."""
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
-from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
-from ...core import hardware, latency, tir_stats
-from ...core.geometry import (MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREADS, STATIC_SHARED_LIMIT,
-                              STITCH_BLOCKS_PER_SM)
+from ...core import tir_stats
+from ...core.geometry import MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREADS, STATIC_SHARED_LIMIT
 from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
+from .gemm_tiles import ContractionWork, block_count, contraction_extents, stitched_seconds, tile_count
 
 
 class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
@@ -59,10 +56,12 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         if extents == ():
             return None       # dlight's GEMM rule finds no contraction here either
         if extents is not None:
-            counts = {micro: _tiles(extents, MATMUL_THREADS * micro) for micro in MATMUL_MICROS}
+            work = ContractionWork.of(func)
+            counts = {m: tile_count(extents, MATMUL_THREADS * m, MATMUL_THREADS * m) for m in MATMUL_MICROS}
             # The tile count of each side is known before scheduling: schedule only the winner,
             # and search as below if its schedule has another count than predicted.
-            seconds = {m: self._seconds(func, counts[m], target) for m in MATMUL_MICROS}
+            seconds = {m: stitched_seconds(work, counts[m], self.threads, False, target, self.slots)
+                       for m in MATMUL_MICROS}
             micro = min(MATMUL_MICROS, key=lambda m: (seconds[m], MATMUL_MICROS.index(m)))
             sch = self._apply(func, target, micro)
             if sch is not None and not isinstance(sch, list) and block_count(sch.mod["main"]) == counts[micro]:
@@ -83,15 +82,8 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles on
         the resident blocks of a stitched kernel (an estimate; grid-stride, so extra waves
         restart tiles)."""
-        return self._seconds(func, block_count(scheduled), target)
-
-    def _seconds(self, func: tirx.PrimFunc, blocks: int, target: tvm.target.Target) -> float:
-        gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
-        slots = self.slots or gpu.sms * STITCH_BLOCKS_PER_SM
-        _, flops, nbytes, written = tir_stats.heaviest_block(func)
-        stage = latency.Stage(blocks, self.threads, nbytes, flops, False, written,
-                              tir_stats.stored_element_bytes(func))
-        return latency.stage_time(gpu, latency.FITTED, stage, slots, persistent=True).seconds
+        return stitched_seconds(ContractionWork.of(func), block_count(scheduled), self.threads, False, target,
+                                self.slots)
 
     def _apply(self, func, target, micro: int):
         self._micro = micro
@@ -108,47 +100,7 @@ class Matmul256(CUDAScheduleRule, dl.gpu.Matmul):
         if total > STATIC_SHARED_LIMIT:
             for b in shared:
                 sch.set_scope(b, 0, "shared.dyn")
-        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, side))
-
-
-def contraction_extents(func: tirx.PrimFunc) -> tuple[int, ...] | None:
-    """(batch, rows, columns) of ``func``'s contraction normalised as dlight's GEMM rule does it
-    (``C[S, I, J] += A[S, I, K] * B[S, J, K]``); () where that rule finds no contraction; None
-    where the extents are not constants."""
-    sch = s_tir.Schedule(func)
-    reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
-    block = sch.get(reductions[0]) if reductions else None
-    maps = get_index_map(block) if block is not None else None
-    if maps is None:
-        return ()
-    shape = maps[0].map_shape([iv.dom.extent for iv in block.iter_vars])
-    if len(shape) != 4 or not all(isinstance(e, tirx.IntImm) for e in shape):
-        return None
-    return tuple(int(e) for e in shape[:3])
-
-
-def predicted_blocks(func: tirx.PrimFunc, side: int) -> int | None:
-    """Blocks dlight's GEMM schedule of ``func`` launches with a ``side`` x ``side`` output
-    tile, read before scheduling; None where that is not known."""
-    extents = contraction_extents(func)
-    return _tiles(extents, side) if extents else None
-
-
-def _tiles(extents: tuple[int, ...], side: int) -> int:
-    batch, rows, cols = extents
-    return batch * -(-rows // side) * -(-cols // side)
-
-
-def block_count(func: tirx.PrimFunc) -> int:
-    """Blocks a scheduled PrimFunc launches: the product of its ``blockIdx`` loop extents."""
-    count = [1]
-
-    def loop(node):
-        if node.thread_binding is not None and str(node.thread_binding.thread_tag).startswith("blockIdx"):
-            count[0] *= int(node.extent.value) if hasattr(node.extent, "value") else 1
-
-    tvm_ffi.structural_walk(func.body, (tirx.For, loop))
-    return count[0]
+        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, [side, side]))
 
 
 def _blocks(sch) -> list:

@@ -1,45 +1,95 @@
-"""TensorCoreMatmul: tensor-core GEMM stages that fit a stitched kernel's 256 threads.
+"""TensorCoreMatmul: tensor-core GEMM stages that fit a stitched kernel's 256 threads, their tile
+sized to the kernel's grid.
 
 dlight's ``MatmulTensorization`` (the rule its ``Matmul`` hands fp16 GEMMs to on sm_70+) fixes
 its warp grid at 4 x 4 = 16 warps, 512 threads, inside one long ``apply``: an fp16 model's
 GEMMs then cannot join a 256-thread stitched kernel, and every one of them ends a subprogram
 (BERT-base fp16: 84 kernels instead of fp32's 12). This is that rule with the warp grid as
-a parameter, 2 x 4 warps by default: a block computes a 64 x 128 tile (dlight's: 128 x 128)
-with the same wmma 16x16x16 fragments, the same 2 x 2 fragments per warp, the same K tile
-of 64 and the same two-stage software pipeline through dynamic shared memory. The schedule
-steps are dlight's (tvm/s_tir/dlight/gpu/matmul.py, MatmulTensorization.apply), unchanged
-but for the factors and a guard against GEMMs too small for tensor cores (the test dlight's
-``Matmul`` applies before handing over).
+parameter: 8 warps (2 x 4 or 4 x 2), each 1 x 1 to 2 x 2 wmma 16x16x16 fragments, so a block
+computes a tile from 32 x 64 to 64 x 128 (dlight's: 128 x 128, 4 x 4 warps of 2 x 2), with the
+same K tile of 64 and the same two-stage software pipeline through dynamic shared memory.
+The schedule steps are dlight's (tvm/s_tir/dlight/gpu/matmul.py, MatmulTensorization.apply),
+unchanged but for the factors and a guard against GEMMs too small for tensor cores (the test
+dlight's ``Matmul`` applies before handing over).
+
+Why the tile is chosen: dlight's fixed 128 x 128 tile gives BERT-base's 384 x 768 GEMMs 18
+blocks on an H200's 132 SMs. The rule reads the contraction's extents before scheduling and
+keeps the tile the latency model predicts fastest on the kernel's resident blocks (as
+``Matmul256`` does for the SIMT tile); a GEMM whose large tiles already fill the grid keeps
+their operand reuse.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 from tvm import s_tir, tirx
 
+from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
+from .gemm_tiles import ContractionWork, stitched_seconds, tile_count
 
 # wmma fragment, and the smallest GEMM dimension dlight's Matmul still tensorizes
 MICRO = 16
 MIN_EXTENT = 64
+WARPS = 8       # 256 threads, a stitched kernel's block
+
+
+@dataclass(frozen=True)
+class WarpTile:
+    """A block's output tile: ``warps_m x warps_n`` warps, each ``frags_m x frags_n`` wmma fragments."""
+    warps_m: int
+    warps_n: int
+    frags_m: int
+    frags_n: int
+
+    @property
+    def rows(self) -> int:
+        return MICRO * self.warps_m * self.frags_m
+
+    @property
+    def cols(self) -> int:
+        return MICRO * self.warps_n * self.frags_n
+
+
+# The tiles the rule chooses from, largest first and, at one size, squarest first: the model
+# prices a tile's operand loads as a square's, so a tie keeps the tile that re-reads least.
+TILES = (WarpTile(2, 4, 2, 2), WarpTile(4, 2, 2, 2), WarpTile(2, 4, 2, 1), WarpTile(2, 4, 1, 2),
+         WarpTile(4, 2, 2, 1), WarpTile(2, 4, 1, 1), WarpTile(4, 2, 1, 1))
+DEFAULT_TILE = TILES[0]     # 64 x 128
 
 
 class TensorCoreMatmul(CUDAScheduleRule):
-    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with ``warps_m x warps_n`` warps.
-    Applies on sm_70+ to a GEMM with fp16 inputs whose every fixed dimension is > 64, unless
-    the function has the ``dlight.do_not_tensorize`` attribute."""
+    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with 8 warps. Applies on sm_70+ to a
+    GEMM with fp16 inputs whose every fixed dimension is > 64, unless the function has the
+    ``dlight.do_not_tensorize`` attribute.
 
-    def __init__(self, warps_m: int = 2, warps_n: int = 4, frags: int = 2, k_frags: int = 4):
-        self.warps_m, self.warps_n, self.frags, self.k_frags = warps_m, warps_n, frags, k_frags
+    ``tile``: the block's output tile (one of ``TILES``); None: per GEMM, the one the latency
+    model predicts fastest on ``slots`` resident blocks (default: a stitched kernel's,
+    ``STITCH_BLOCKS_PER_SM`` per SM). The schedule carries the tile as ``GEMM_TILE_ATTR``
+    (rows, columns): the tile a two-phase partial shares."""
 
-    @property
-    def threads(self) -> int:
-        return self.warps_m * self.warps_n * 32
+    threads = WARPS * 32
 
-    @property
-    def tile(self) -> tuple[int, int]:
-        """The output tile one block writes (rows x columns): the one a two-phase partial shares."""
-        return MICRO * self.warps_m * self.frags, MICRO * self.warps_n * self.frags
+    def __init__(self, tile: WarpTile | None = None, k_frags: int = 4, slots: int | None = None):
+        if tile is not None and tile.warps_m * tile.warps_n != WARPS:
+            raise ValueError(f"a tensor-core tile has {WARPS} warps (asked: {tile})")
+        self.tile, self.k_frags, self.slots = tile, k_frags, slots
+
+    def predicted_seconds(self, func: tirx.PrimFunc, extents: tuple[int, int, int], tile: WarpTile,
+                          target: tvm.target.Target) -> float:
+        """The latency model's time for ``func``'s contraction of ``extents`` (batch, rows,
+        columns, as dlight normalises it) in ``tile``s on the resident blocks of a stitched
+        kernel (an estimate). A tile past the GEMM's edge computes its padding too."""
+        return self._seconds(ContractionWork.of(func), extents, tile, target)
+
+    def _seconds(self, work: ContractionWork, extents: tuple[int, int, int], tile: WarpTile,
+                 target: tvm.target.Target) -> float:
+        _, rows, cols = extents
+        tiles = tile_count(extents, tile.rows, tile.cols)
+        padding = -(-rows // tile.rows) * tile.rows * -(-cols // tile.cols) * tile.cols / (rows * cols)
+        return stitched_seconds(work, tiles, self.threads, True, target, self.slots, padding)
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target,  # noqa: C901 - dlight's steps
               tunable: bool) -> s_tir.Schedule | None:
@@ -59,12 +109,6 @@ class TensorCoreMatmul(CUDAScheduleRule):
         if get_in_out_dtypes(sch.get(reduction_blocks[0])) not in (("float16", "float16"), ("float16", "float32")):
             return None
 
-        warp_size, vector_size = 32, 4
-        i_factors = [None, 1, self.warps_m, self.frags]
-        j_factors = [1, None, self.warps_n, self.frags]
-        k_factors = [None, self.k_frags]
-        num_ty = self.warps_m * self.warps_n
-
         # Normalize to C[S, I, J] += A[S, I, K] * B[S, J, K]
         main_block = reduction_blocks[0]
         reindex_a = sch.reindex(main_block, ("read", 0))
@@ -75,9 +119,22 @@ class TensorCoreMatmul(CUDAScheduleRule):
         sch.transform_layout(reindex_b, ("write", 0), b_index_map)
         sch.transform_layout(reindex_c, ("read", 0), c_index_map)
         sch.transform_block_layout(main_block, matmul_index_map)
-        for iv in sch.get(main_block).iter_vars[1:]:
-            if isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value <= MIN_EXTENT:
-                return None      # too small for tensor cores: the SIMT rule takes it
+        extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
+        if any(isinstance(e, tirx.IntImm) and e.value <= MIN_EXTENT for e in extents[1:]):
+            return None      # too small for tensor cores: the SIMT rule takes it
+        tile = self.tile
+        if tile is None:
+            if all(isinstance(e, tirx.IntImm) for e in extents[:3]):
+                fixed, work = tuple(int(e) for e in extents[:3]), ContractionWork.of(func)
+                seconds = {t: self._seconds(work, fixed, t, target) for t in TILES}
+                tile = min(TILES, key=lambda t: (seconds[t], TILES.index(t)))
+            else:
+                tile = DEFAULT_TILE
+        warp_size, vector_size = 32, 4
+        i_factors = [None, 1, tile.warps_m, tile.frags_m]
+        j_factors = [1, None, tile.warps_n, tile.frags_n]
+        k_factors = [None, self.k_frags]
+        num_ty = WARPS
 
         # Only now (a GEMM that tensorizes): importing the intrinsics costs ~10 s per process,
         # the whole tensor_intrin package (every target's) three times that.
@@ -86,7 +143,7 @@ class TensorCoreMatmul(CUDAScheduleRule):
         register_tensor_intrinsics(target)
         from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
-        sch.pad_einsum(main_block, [1, *self.tile, MICRO * self.k_frags])
+        sch.pad_einsum(main_block, [1, tile.rows, tile.cols, MICRO * self.k_frags])
         block = main_block
         batch, i, j, k = sch.get_loops(block)
         i, i_inner = sch.split(i, factors=[None, MICRO])
@@ -173,4 +230,4 @@ class TensorCoreMatmul(CUDAScheduleRule):
         _, f1, f2 = sch.split(fused, factors=[None, warp_size, vector_size])
         sch.bind(f1, "threadIdx.x")
         sch.vectorize(f2)
-        return sch
+        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, [tile.rows, tile.cols]))
