@@ -13,14 +13,14 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_tvm.codegen import schedule
-from souffle_tvm.codegen.rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, TensorCoreMatmul
+from souffle_tvm.codegen.rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, SerialReduction, TensorCoreMatmul
 from souffle_tvm.core.ir_names import ATOMIC_ATTR, TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import ScheduleError
 
 CUDA = make_target("cuda")
 LLVM = make_target("llvm")
-RULES = [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(), ColumnReduction(256)]
+RULES = [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(), ColumnReduction(256), SerialReduction(256)]
 
 
 def _gemm(m=128, n=128, k=128, dtype="float32"):

@@ -21,7 +21,7 @@ from tvm.s_tir import dlight as dl
 from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
-from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, TensorCoreMatmul
+from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, SerialReduction, TensorCoreMatmul
 
 
 class RuleNote(str):
@@ -46,9 +46,11 @@ class Scheduled:
     failures: int = 0  # how many of those rules raised an exception
 
 
-# How much of the hardware a rule's schedule uses; fusing must not lower it.
+# How much of the hardware a rule's schedule uses; fusing must not lower it. SerialReduction
+# is Fallback's form (one output per thread) chosen on purpose: a GEMM anchor that gets it
+# alone does not make a fused group that gets Fallback's the same form a degradation.
 RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2,
-        "ColumnReduction": 2, "GeneralReduction": 2, "Fallback": 0, "none": 0}
+        "ColumnReduction": 2, "SerialReduction": 0, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
 def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
@@ -61,7 +63,7 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
     if block_size != STITCH_BLOCK:
         raise ScheduleError(f"stitched stages are scheduled with {STITCH_BLOCK} threads (asked: {block_size})")
     return [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(gemm_k_tile or MATMUL_K_TILE, gemm_tile and gemm_tile // MATMUL_THREADS),
-            ColumnReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+            ColumnReduction(block_size), SerialReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
 def rule_name(rule: dl.ScheduleRule) -> str:

@@ -8,12 +8,15 @@ with dlight's own rules for the stitched (256-thread) stages:
 - ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps.
 - ``matmul256.Matmul256``: dlight's ``gpu.Matmul`` at 16 x 16 threads (reported as "Matmul").
 - ``column_reduction.ColumnReduction``: a reduction over an outer axis, K over threadIdx.y.
+- ``serial_reduction.SerialReduction``: many outputs of few terms (depthwise, grouped
+  convolutions), one output per thread, where the latency model predicts it faster.
 """
 
 from .atomic_rows import AtomicRows
 from .column_reduction import ColumnReduction
 from .matmul256 import Matmul256
 from .partial_rows import PartialRows
+from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 
-__all__ = ["AtomicRows", "ColumnReduction", "Matmul256", "PartialRows", "TensorCoreMatmul"]
+__all__ = ["AtomicRows", "ColumnReduction", "Matmul256", "PartialRows", "SerialReduction", "TensorCoreMatmul"]
