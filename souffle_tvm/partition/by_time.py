@@ -39,6 +39,14 @@ def producers_of(groups: list[Group], readers: dict) -> list[set[int]]:
     return out
 
 
+def alone_seconds(gpu: hardware.GPU, c: latency.Constants, work: list[latency.Stage],
+                  estimates: list[estimate.Estimate]) -> float:
+    """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""
+    return sum(latency.kernel_time(gpu, c, latency.Kernel("g", st.tiles, st.threads, est.registers,
+                                                          est.shared_bytes, (st,))).seconds + c.node_us * 1e-6
+               for st, est in zip(work, estimates))
+
+
 class Timer:
     """Predicted seconds of groups as separate kernels and of windows stitched into one."""
 
@@ -72,9 +80,7 @@ class Timer:
 
     def alone(self, work: list[latency.Stage], estimates: list[estimate.Estimate]) -> float:
         """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""
-        return sum(latency.kernel_time(self.gpu, self.c, latency.Kernel("g", st.tiles, st.threads, est.registers,
-                                                                        est.shared_bytes, (st,))).seconds + self.node
-                   for st, est in zip(work, estimates))
+        return alone_seconds(self.gpu, self.c, work, estimates)
 
     def stage(self, g: int, s: int, slots: int, persistent: bool) -> float:
         """Stage ``s`` of group ``g`` on ``slots`` resident blocks (``persistent``: in a stitched

@@ -168,7 +168,7 @@ class PartitionAndEmit:
         while pending:
             g = pending.pop(0)
             parts = [g] if g.opaque is not None else \
-                kernels.split_unschedulable(g, scheduled.why_not_fused(g, outputs_of(g, readers)))
+                kernels.split_unschedulable(g, scheduled.why_not_fused(g, outputs_of(g, readers), readers))
             if len(parts) == 1:
                 done.append(g)
             else:

@@ -25,13 +25,14 @@ from ..codegen import emit, schedule
 from ..codegen.database import lookup
 from ..core import estimate, hardware, latency, measured, tir_stats
 from ..codegen.rules import Matmul256, TensorCoreMatmul
+from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
 from ..core.ir_names import GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
 from ..core.structural import ByStructure
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
 from ..partition import by_time
-from ..partition.groups import Group
+from ..partition.groups import Group, outputs_of
 from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
 from ..stitch import lower
@@ -99,8 +100,11 @@ class ScheduleCache:
         out = tuned.with_attr("tirx.is_scheduled", True).with_attr(SOURCE_ATTR, "database")
         return schedule.Scheduled(out, "database")
 
-    def why_not_fused(self, group: Group, outputs: list) -> str | None:
-        """None when the group schedules as well as its anchor does alone; else why not."""
+    def why_not_fused(self, group: Group, outputs: list, readers: dict | None = None) -> str | None:
+        """None when the group schedules as well as its anchor does alone; else why not.
+        ``readers`` (op -> the ops that read it): also why not where fusing took the anchor's
+        parallelism away and the latency model predicts the group slower as one kernel than
+        without its last member (``slower_fused``)."""
         func, _ = self.group_funcs(group, outputs)
         try:
             done = self(func)
@@ -111,15 +115,43 @@ class ScheduleCache:
             return None
         alone, _ = self.group_funcs(Group([anchor]), [anchor])
         try:
-            anchor_rule = self(alone).rule
+            anchor_done = self(alone)
         except ScheduleError:
             return None
+        anchor_rule = anchor_done.rule
         if schedule.RANK[done.rule] < schedule.RANK[anchor_rule]:
             # why the anchor's rule did not take the fused group, when it said so
             why = [n for n in done.notes if n.rule == anchor_rule]
             because = f" ({why[0]})" if why else ""
             return f"fused, dlight schedules it with {done.rule}{because}; the anchor alone gets {anchor_rule}"
+        if readers is not None and is_cuda(self.target) and \
+                block_count(done.func) < block_count(anchor_done.func):
+            return self.slower_fused(group, func, readers)
         return None
+
+    def slower_fused(self, group: Group, func: tirx.PrimFunc, readers: dict) -> str | None:
+        """Why ``group`` (its PrimFunc ``func``) is predicted slower as one kernel than as two, all
+        but its last member and that member, each a kernel of its own in a CUDA graph (an
+        estimate); None where it is not, or a form cannot be priced."""
+        head, tail = Group(group.members[:-1]), Group(group.members[-1:])
+        whole = self._alone_seconds(func)
+        parts = [self._alone_seconds(self.group_funcs(g, outputs_of(g, readers))[0]) for g in (head, tail)]
+        if whole is None or None in parts or whole <= sum(parts):
+            return None
+        return (f"fused, the latency model predicts one kernel slower: {whole * 1e6:.1f} us, against "
+                f"{sum(parts) * 1e6:.1f} us as {head.name} then {tail.name} (its parallelism: "
+                f"{block_count(self(func).func)} blocks; estimates)")
+
+    def _alone_seconds(self, func: tirx.PrimFunc) -> float | None:
+        """Predicted time of ``func`` scheduled here, each launch region a kernel of its own."""
+        try:
+            scheduled = self(func).func
+            lowered = lower.lower_stage("g", scheduled, self.target)
+        except (ScheduleError, StitchError):
+            return None
+        gpu = hardware.for_arch(str(self.target.attrs.get("arch", "sm_90")))
+        return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func),
+                                     [estimate.stage(low.body) for low in lowered])
 
 
 _TILES: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer
