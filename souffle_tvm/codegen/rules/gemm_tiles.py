@@ -1,7 +1,7 @@
 """What the stitched GEMM rules read of a contraction before scheduling it: its extents as
 dlight normalises them, the tile count of a tile shape, and the latency model's time for those
 tiles on a stitched kernel's resident blocks (``Matmul256`` and ``TensorCoreMatmul`` choose
-their tile with it)."""
+their tile with it, ``SerialReduction`` its form)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 
-from ...core import hardware, latency, tir_stats
-from ...core.geometry import STITCH_BLOCKS_PER_SM
+from ...core import tir_stats
 from .base import CUDAScheduleRule
+from .gemm_tiles import ContractionWork, stitched_seconds
 
 
 class SerialReduction(CUDAScheduleRule):
@@ -35,15 +35,13 @@ class SerialReduction(CUDAScheduleRule):
         if shape is None:
             return None
         outputs, _ = shape
-        gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
         _, flops, nbytes, _ = tir_stats.heaviest_block(func)
-        slots = gpu.sms * STITCH_BLOCKS_PER_SM
+        # both forms read each term once per output (no operand tile to re-read: nothing written
+        # counted), so the choice is the same with or without an epilogue in the group
+        work = ContractionWork(flops, nbytes, 0, 4)
 
         def seconds(tiles: int) -> float:
-            # both forms read each term once per output (no operand tile to re-read), so the
-            # choice is the same with or without an epilogue in the group
-            stage = latency.Stage(tiles, self.block_size, nbytes, flops)
-            return latency.stage_time(gpu, latency.FITTED, stage, slots, persistent=True).seconds
+            return stitched_seconds(work, tiles, self.block_size, False, target)
 
         if seconds(-(-outputs // self.block_size)) >= seconds(outputs):
             return None
