@@ -1,6 +1,6 @@
 """Stage geometry (issue 17, item 4): a stitched GEMM stage's tile is sized to the kernel's grid.
 
-``codegen.rules.Matmul256`` schedules a GEMM at 64-, 32- and 16-wide tiles of 16 x 16 threads and
+``codegen.rules.StitchedMatmul`` schedules a GEMM at 64-, 32- and 16-wide tiles of 16 x 16 threads and
 keeps the one the latency model predicts fastest on the kernel's resident blocks: the tile
 count that fills them in whole waves, the largest tile (most operand reuse) among equals."""
 
@@ -9,7 +9,7 @@ from tvm import te
 
 from souffle_tvm.codegen import schedule
 from souffle_tvm.codegen.rules.gemm_tiles import block_count, predicted_blocks
-from souffle_tvm.codegen.rules.matmul256 import Matmul256
+from souffle_tvm.codegen.rules.stitched_matmul import StitchedMatmul
 from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import OptionsError
@@ -31,7 +31,7 @@ def _gemm(m: int, n: int, k: int, epilogue: bool = False):
 
 def _chosen(func, slots: int) -> tuple[int, int]:
     with CUDA:
-        out = Matmul256(slots=slots).apply(func, CUDA, False).mod["main"]
+        out = StitchedMatmul(slots=slots).apply(func, CUDA, False).mod["main"]
     return int(out.attrs[GEMM_TILE_ATTR][0]), block_count(out)
 
 
@@ -45,7 +45,7 @@ def test_the_tile_count_fills_the_grid_in_whole_waves(slots, side):
 def test_the_choice_is_the_models_fastest():
     func = _gemm(128, 256, 256)
     with CUDA:
-        times = {m * 16: Matmul256(slots=396).predicted_seconds(func, Matmul256(micro=m).apply(func, CUDA, False)
+        times = {m * 16: StitchedMatmul(slots=396).predicted_seconds(func, StitchedMatmul(micro=m).apply(func, CUDA, False)
                                                                  .mod["main"], CUDA) for m in (4, 2, 1)}
     side, _ = _chosen(func, 396)
     assert times[side] == min(times.values())
@@ -81,7 +81,7 @@ def test_the_tile_count_is_known_before_scheduling(func):
     contraction; each must be the count dlight's schedule launches."""
     for micro in (4, 2, 1):
         with CUDA:
-            out = Matmul256(micro=micro).apply(func, CUDA, False).mod["main"]
+            out = StitchedMatmul(micro=micro).apply(func, CUDA, False).mod["main"]
         assert predicted_blocks(func, 16 * micro) == block_count(out)
 
 

@@ -67,7 +67,7 @@ def test_partition_minimises_predicted_time():
               [(1, 4096, 10**4), (2000, 2**26, 10**6), (3, 10**5, 10**8), (1, 4096, 10**4), (800, 2**24, 10**9)]]
     regs = [40, 32, 200, 40, 120]
     facts = _facts(stages, regs)
-    from souffle_tvm.partition.by_time import Timer, _Window
+    from souffle_tvm.partition.by_time import Timer, Window
 
     timer = Timer(facts, H200, C)
 
@@ -77,7 +77,7 @@ def test_partition_minimises_predicted_time():
             if len(idx) == 1:
                 total += timer.separate(idx[0])
             else:
-                w = _Window(timer, [set() for _ in stages], idx[0])
+                w = Window(timer, [set() for _ in stages], idx[0])
                 for i in idx:
                     w.add(i)
                 total += w.seconds()

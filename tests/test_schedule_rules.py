@@ -13,14 +13,14 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_tvm.codegen import schedule
-from souffle_tvm.codegen.rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, SerialReduction, TensorCoreMatmul
+from souffle_tvm.codegen.rules import AtomicRows, ColumnReduction, StitchedMatmul, PartialRows, SerialReduction, TensorCoreMatmul
 from souffle_tvm.core.ir_names import ATOMIC_ATTR, TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import ScheduleError
 
 CUDA = make_target("cuda")
 LLVM = make_target("llvm")
-RULES = [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(), ColumnReduction(256), SerialReduction(256)]
+RULES = [AtomicRows(), PartialRows(), TensorCoreMatmul(), StitchedMatmul(), ColumnReduction(256), SerialReduction(256)]
 
 
 def _gemm(m=128, n=128, k=128, dtype="float32"):
@@ -83,7 +83,7 @@ def test_rules_are_dlight_rules_available_on_cuda_only(rule):
 CASES = {
     "AtomicRows": (AtomicRows(), lambda: _row_sum({TILE_ATTR: 64, ATOMIC_ATTR: 1}), lambda: _row_sum()),
     "PartialRows": (PartialRows(), _partial_rows, lambda: _row_sum({TILE_ATTR: 64, ATOMIC_ATTR: 1})),
-    "Matmul256": (Matmul256(), _gemm, _elementwise),
+    "StitchedMatmul": (StitchedMatmul(), _gemm, _elementwise),
     "ColumnReduction": (ColumnReduction(256), _column_gemv, lambda: _column_gemv(inner=True)),
 }
 
@@ -118,7 +118,7 @@ def test_atomic_rows_returns_a_schedule_of_its_launch_form_function():
 
 
 def test_rule_names_as_reports_show_them():
-    assert schedule.schedule_group(_gemm(), CUDA, 256).rule == "Matmul"        # Matmul256
+    assert schedule.schedule_group(_gemm(), CUDA, 256).rule == "Matmul"        # StitchedMatmul
     assert schedule.schedule_group(_gemm(), CUDA).rule == "Matmul"             # dlight's
     assert schedule.schedule_group(_partial_rows(), CUDA, 256).rule == "PartialRows"
     assert schedule.schedule_group(_column_gemv(), CUDA, 256).rule == "ColumnReduction"

@@ -156,7 +156,7 @@ def test_stitched_grid_grows_to_the_measured_coresident_limit():
     gpu = hardware.for_arch("sm_90")
     widened = 0
     for k in r.kernels:
-        occ = hardware.occupancy(gpu, 256, k.registers, k.shared_bytes)
+        occ = hardware.occupancy(gpu, k.block[0], k.registers, k.shared_bytes)   # 256, or the size chosen
         assert k.max_coresident == occ.blocks_per_sm * gpu.sms and k.grid[0] <= k.max_coresident
         widened += occ.blocks_per_sm > 1 and k.grid[0] == k.max_coresident
     assert widened >= 1

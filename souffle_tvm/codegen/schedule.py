@@ -18,10 +18,11 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK
+from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK, STITCH_BLOCKS
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
-from .rules import AtomicRows, ColumnReduction, Matmul256, PartialRows, SerialReduction, TensorCoreMatmul
+from .rules import (AtomicRows, ColumnReduction, PartialRows, RowReduction, SerialReduction, StitchedMatmul,
+                    TensorCoreMatmul)
 
 
 class RuleNote(str):
@@ -60,15 +61,30 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     # One block size for every stage of a stitched kernel: rules whose thread count is fixed
     # by the rule itself (GEMV, Reduction) are left out.
-    if block_size != STITCH_BLOCK:
-        raise ScheduleError(f"stitched stages are scheduled with {STITCH_BLOCK} threads (asked: {block_size})")
-    return [AtomicRows(), PartialRows(), TensorCoreMatmul(), Matmul256(gemm_k_tile or MATMUL_K_TILE, gemm_tile and gemm_tile // MATMUL_THREADS),
-            ColumnReduction(block_size), SerialReduction(block_size), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    if block_size not in STITCH_BLOCKS:
+        raise ScheduleError(f"stitched stages are scheduled with {' or '.join(map(str, STITCH_BLOCKS))} threads "
+                            f"(asked: {block_size})")
+    gemms = [TensorCoreMatmul(warps=block_size // 32),
+             StitchedMatmul(gemm_k_tile or MATMUL_K_TILE, gemm_tile and gemm_tile // MATMUL_THREADS, threads=block_size)]
+    rest = [ColumnReduction(block_size), SerialReduction(block_size), RowReduction(block_size), dl.gpu.Fallback()]
+    # The two-phase partials are cut to their GEMM's tile at STITCH_BLOCK threads
+    # (``STITCH_BLOCK_ONLY_RULES``).
+    return ([AtomicRows(), PartialRows()] if block_size == STITCH_BLOCK else []) + gemms + rest
+
+
+# Rules that schedule stitched stages at ``STITCH_BLOCK`` threads only: a subprogram with a stage
+# one of them scheduled keeps that block size (``partition.block_size``).
+STITCH_BLOCK_ONLY_RULES = frozenset({"AtomicRows", "PartialRows", "database"})
 
 
 def rule_name(rule: dl.ScheduleRule) -> str:
-    """The name ``Scheduled.rule`` and ``RANK`` use: the class name, ``Matmul256`` as "Matmul"."""
-    return type(rule).__name__.replace("Matmul256", "Matmul")
+    """The name ``Scheduled.rule`` and ``RANK`` use: the class name, or the dlight rule's a rule of
+    ours sizes to the stitched block (``REPORTED_AS``)."""
+    return REPORTED_AS.get(type(rule).__name__, type(rule).__name__)
+
+
+# our rules that are dlight's at another block size, by the name of dlight's
+REPORTED_AS = {"StitchedMatmul": "Matmul", "RowReduction": "GeneralReduction"}
 
 
 def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:

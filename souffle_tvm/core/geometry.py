@@ -1,11 +1,15 @@
 """Thread and tile geometry shared by the schedules, the transforms and the stitcher."""
 
-STITCH_BLOCK = 256            # one block size for every stage of a stitched kernel
+STITCH_BLOCK = 256            # one block size for every stage of a stitched kernel: the partitioner's
+# The block sizes a stitched subprogram may take instead (``partition.block_size``): the latency
+# model chooses per subprogram, after the partition was drawn at ``STITCH_BLOCK``.
+STITCH_BLOCKS = (128, 256, 512)
 
 # The stitched GEMM schedule's block tile (rows x columns): 16x16 threads, 4x4 outputs each, or
 # 2x2 or 1x1 where the model predicts the smaller tile's count fills the grid better
-# (``codegen.rules.Matmul256``).
+# (``codegen.rules.StitchedMatmul``); at another block size, that size's thread grid.
 MATMUL_THREADS, MATMUL_MICRO = 16, 4
+MATMUL_THREAD_GRIDS = {128: (8, 16), 256: (MATMUL_THREADS, MATMUL_THREADS), 512: (16, 32)}   # (rows, columns)
 MATMUL_MICROS = (4, 2, 1)
 # Blocks of a stitched kernel resident per SM, which a stage's tiles should fill: ptxas gives
 # stitched kernels about 80 registers per thread (zoo, sm_90), so 3 blocks of 256 threads.

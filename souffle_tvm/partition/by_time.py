@@ -14,11 +14,14 @@ Every boundary keeps a reason; a time boundary gives both figures.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core import estimate, hardware, latency
 from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
+from . import block_size
 from .groups import Group
 from .subprograms import MAX_GROUPS_PER_SUBPROGRAM, MAX_STATEMENTS_PER_SUBPROGRAM, GroupFacts
 
@@ -131,7 +134,7 @@ class Timer:
         return None
 
 
-class _Window:
+class Window:
     """A window ``i..j`` grown one group at a time, its stitched time kept up to date.
 
     The reference for ``_Sweep``, which prices the same windows in array passes; the reasons'
@@ -180,8 +183,20 @@ class _Window:
         return self.work + self.syncs * self.t.c.sync_us * 1e-6 + self.t.node
 
 
+def window_seconds(timer: Timer, producers: list[set[int]], members: list[int]) -> float | None:
+    """``members`` (consecutive groups) stitched into one kernel at ``timer.block`` threads, in a
+    CUDA graph; None where a group cannot be stitched at that size or the kernel would break a
+    resource limit (the static estimate)."""
+    if any(timer.facts.unstitchable[g] is not None or not timer.facts.work[g] for g in members):
+        return None
+    w = Window(timer, producers, members[0])
+    for g in members:
+        w.add(g)
+    return None if w.over_budget() is not None else w.seconds()
+
+
 class _Sweep:
-    """Every window from one start priced at once, with the figures ``_Window`` gives when grown
+    """Every window from one start priced at once, with the figures ``Window`` gives when grown
     one group at a time (the same sums in the same order). The partitioner prices ~n^2/2
     windows (the full LSTM's rolled steps: 4.4M), so per start it makes a few array passes
     instead of one Python step per window."""
@@ -217,7 +232,7 @@ class _Sweep:
 
     def windows(self, i: int, stop: dict) -> tuple[np.ndarray, np.ndarray]:
         """Every window i..j with j > i the partitioner may grow to: the j, and each one's stitched
-        seconds; why it can grow no further goes into ``stop`` as ``_Window``'s growth records it."""
+        seconds; why it can grow no further goes into ``stop`` as ``Window``'s growth records it."""
         n, t = self.n, self.t
         ends = np.flatnonzero(self.barrier[i:])
         last = i + int(ends[0])                  # growth from ``last`` to last + 1 is barred
@@ -281,7 +296,8 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
             forced: dict[int, str] | None = None, constants: latency.Constants = latency.FITTED,
             measured: MeasuredTimes | None = None, timer: Timer | None = None,
             max_statements: int = MAX_STATEMENTS_PER_SUBPROGRAM,
-            max_groups: int = MAX_GROUPS_PER_SUBPROGRAM, sweep: bool = True) -> list[tuple[list[int], str]]:
+            max_groups: int = MAX_GROUPS_PER_SUBPROGRAM, sweep: bool = True,
+            sizes: dict[int, Timer] | None = None) -> list[tuple[list[int], str]]:
     """The partition into subprograms that minimises predicted time (see the module doc).
 
     ``facts`` must carry ``work`` and ``stages`` (``pipeline.policies.group_facts``); ``forced``
@@ -289,8 +305,11 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
     times that win over the model's (default: none); ``timer``: one already made (it caches stage
     times; the pipeline reuses it after partitioning); ``sweep``: price all windows from one
     start at once (``_Sweep``, the same figures; False: grow them one group at a time, the
-    reference the tests hold it to). Returns (group indices, the reason for the boundary that
-    ends the subprogram)."""
+    reference the tests hold it to); ``sizes``: the same groups priced at other block sizes
+    (a ``Timer`` each, on facts of the groups scheduled at that size): a stitched window costs
+    what it costs at the size ``block_size.fastest`` takes, the size the stitcher then gives it
+    (``block_size.choose``). Returns (group indices, the reason for the boundary that ends the
+    subprogram)."""
     forced = forced or {}
     n = len(groups)
     timer = timer or Timer(facts, gpu, constants, measured=measured)
@@ -302,12 +321,19 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
         g = groups[i]
         return f"opaque op ({g.opaque.reason})" if g.opaque is not None else facts.unstitchable[i]
 
-    alone = [timer.separate(i) if groups[i].opaque is None and facts.work[i] else 0.0 for i in range(n)]
-    stop: dict[tuple[int, int], str] = {}     # why window i..j cannot grow to j + 1
+    timers = {timer.block: timer, **(sizes or {})}
 
-    def grow(i: int):
-        """Window i..j stitched, for j = i + 1, i + 2, ... while it may grow: (j, seconds)."""
-        w = _Window(timer, producers, i)
+    def unstitchable_at(block: int, i: int) -> str | None:
+        return unstitchable(i) if block == timer.block else unstitchable(i) or timers[block].facts.unstitchable[i]
+
+    alone = [timer.separate(i) if groups[i].opaque is None and facts.work[i] else 0.0 for i in range(n)]
+    stop: dict[tuple[int, int], str] = {}     # why window i..j cannot grow to j + 1 (at the partition's size)
+
+    def grow(i: int, block: int | None = None, stop: dict = stop):
+        """Window i..j stitched at ``block`` threads (default: the partition's), for j = i + 1,
+        i + 2, ... while it may grow: (j, seconds)."""
+        timer_, unstitchable = timers[block or timer.block], functools.partial(unstitchable_at, block or timer.block)
+        w = Window(timer_, producers, i)
         w.add(i)
         used, count, j = size[i], 1, i
         while j + 1 < n:
@@ -333,22 +359,31 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
                 used, count = used + size[j], count + 1
             yield j, w.seconds()
 
-    def grown_one_by_one(i: int) -> tuple[np.ndarray, np.ndarray]:
-        done = list(grow(i))
-        return np.array([j for j, _ in done], dtype=np.int64), np.array([t for _, t in done])
+    def seconds_from(i: int) -> np.ndarray:
+        """Windows i..i+1, i..i+2, ...: each one's stitched seconds at the size it is built at."""
+        per = {}
+        for block in timers:
+            if unstitchable_at(block, i) is not None:
+                continue
+            why = stop if block == timer.block else {}      # the reasons name the partition's size
+            per[block] = (fast[block].windows(i, why)[1] if fast is not None else
+                          np.array([t for _, t in grow(i, block, why)]))
+        return per[timer.block] if len(per) == 1 else block_size.fastest(per)[0]
 
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choice = [0] * (n + 1)
     stitched: dict[tuple[int, int], float] = {}     # (i, j) -> seconds, where window i..j improved best[j + 1]
-    fast = _Sweep(timer, producers, forced, [unstitchable(i) for i in range(n)], rep, size,
-                  max_groups, max_statements, [g.name for g in groups]) if sweep else None
+    fast = {block: _Sweep(t, producers, forced, [unstitchable_at(block, i) for i in range(n)], rep, size,
+                          max_groups, max_statements, [g.name for g in groups]) for block, t in timers.items()} \
+        if sweep else None
     for i in range(n):
         if best[i] + alone[i] < best[i + 1]:
             best[i + 1], choice[i + 1] = best[i] + alone[i], i
         if unstitchable(i) is not None:
             continue
-        ends, seconds = fast.windows(i, stop) if fast is not None else grown_one_by_one(i)
+        seconds = seconds_from(i)
+        ends = np.arange(i + 1, i + 1 + seconds.size, dtype=np.int64)
         total = best[i] + seconds
         better = total < best[ends + 1]
         for j, t, tt in zip(ends[better].tolist(), seconds[better].tolist(), total[better].tolist()):
@@ -358,7 +393,10 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
     def window_seconds(i: int, k: int) -> float | None:
         """Window i..k stitched, None where it may not grow that far (a reason's figures)."""
         if (i, k) not in stitched:
-            stitched[(i, k)] = next((t for j, t in grow(i) if j == k), None)
+            per = {block: np.array([next((t for j, t in grow(i, block, {}) if j == k), np.inf)])
+                   for block in timers if unstitchable_at(block, i) is None}
+            t = float(block_size.fastest(per)[0][0]) if per else np.inf
+            stitched[(i, k)] = None if np.isinf(t) else t
         return stitched[(i, k)]
 
     segments = []

@@ -2,7 +2,8 @@
 
 After the first build, each stitched kernel's registers, shared memory and spills are known.
 A kernel that spills or leaves fewer blocks co-resident than the GPU has SMs is first stitched
-without its V4 prefetch (if it had one), else cut in two where the fewest bytes cross; then
+without its V4 prefetch (if it had one), else at the partition's block size (if the model gave
+it another, ``partition.block_size``), else cut in two where the fewest bytes cross; then
 each cooperative kernel gets the grid its measured figures let be co-resident; last, a kernel
 whose registers alone hold its blocks per SM down gets a register cap (``__launch_bounds__``)
 where the latency model predicts the extra block per SM faster, kept only if ptxas then
@@ -15,6 +16,7 @@ import dataclasses
 
 from ..build.executable import BuildResult
 from ..core import hardware, progress
+from ..core.geometry import STITCH_BLOCK
 from ..errors import CoresidencyError, SouffleError
 from ..frontend.importer import ImportedModel
 from ..partition.subprograms import cut_cost, split_point
@@ -107,12 +109,19 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
         if not over:
             break
         prefetching = {k.name for k in souffle.stitched if k.function in over and k.prefetched_bytes}
+        resized = {tuple(souffle.subprograms[k.index][0]) for k in souffle.stitched
+                   if k.function in over and k.block != STITCH_BLOCK}
         if prefetching:
             # V4's prefetch loops are what the kernel gives up first: V3's form of it may fit
             n = len({k.function for k in souffle.stitched if k.name in prefetching})
             progress.step(f"ptxas feedback: dropping the L2 prefetch of {n} kernel(s) that did "
                           "not fit with it", round_ + 1, MAX_FEEDBACK_ROUNDS)
             fb = dataclasses.replace(souffle.feedback, no_prefetch=souffle.feedback.no_prefetch | prefetching)
+        elif resized:
+            # a kernel the model gave another block size goes back to the partition's first
+            progress.step(f"ptxas feedback: {len(resized)} kernel(s) did not fit at the block size chosen; "
+                          f"stitching them at {STITCH_BLOCK} threads", round_ + 1, MAX_FEEDBACK_ROUNDS)
+            fb = dataclasses.replace(souffle.feedback, partition_block=souffle.feedback.partition_block | resized)
         else:
             progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
                           MAX_FEEDBACK_ROUNDS)

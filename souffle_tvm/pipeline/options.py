@@ -97,10 +97,13 @@ class Feedback:
     estimate when ``estimated_grids``, a build then checks them, else one block per SM, which is
     co-resident whenever a block fits at all). ``no_prefetch``: V4 kernels to stitch without
     their L2 prefetch (they did not fit with it). ``min_blocks``: stitched kernel name -> its
-    register cap, as blocks per SM (``__launch_bounds__``)."""
+    register cap, as blocks per SM (``__launch_bounds__``). ``partition_block``: subprograms
+    (their group positions, as tuples) stitched at the partition's block size whatever the
+    model prefers (they did not fit at the size it chose: ``partition.block_size``)."""
 
     forced: dict = field(default_factory=dict)
     grids: dict | None = None
     estimated_grids: bool = False
     no_prefetch: frozenset = frozenset()
     min_blocks: dict = field(default_factory=dict)
+    partition_block: frozenset = frozenset()

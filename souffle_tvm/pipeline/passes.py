@@ -32,7 +32,7 @@ from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
-from . import policies
+from . import block_sizes, policies
 from .options import LEVEL_DISABLES, Feedback, Options
 
 PROGRAM = "souffle.te_program"
@@ -223,7 +223,11 @@ class StitchSubprograms:
         elif self.partitioner == "time":
             timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
             alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
-            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer)
+            # every window priced at each block size too: the size can draw the boundaries
+            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer)
+            block_sizes.faster_alone(at, alone)
+            subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
+                                   sizes=at.others())
         else:
             subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
                                          forced=self.feedback.forced)
@@ -232,13 +236,26 @@ class StitchSubprograms:
             # checks them against ptxas' figures and the driver re-stitches where they differ
             grids = {kernel_name(k): subprograms.estimated_grid(facts, idx, gpu)
                      for k, (idx, _) in enumerate(subs) if len(idx) > 1 and all(i in calls.call_index for i in idx)}
-        built = clean
+        built, sized = clean, block_sizes.StitchedBlocks()
         if self.partitioner == "time":
             # what stays alone is built as v2 builds it; ``clean`` (kept as "unstitched") keeps the
             # stitchable schedules, so a ptxas-feedback restitch can still join any groups
             built = policies.reschedule_alone(clean, groups, subs, alone)
+        if self.partitioner in ("budget", "time"):
+            # each stitched subprogram runs at the block size predicted fastest
+            if self.partitioner == "budget":
+                at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
+                                          by_time.Timer(facts, gpu, latency.FITTED),
+                                          {i for idx, _ in subs if len(idx) > 1 for i in idx})
+            sized = block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
+                                            self.feedback.partition_block)
+            if estimated:
+                grids.update(sized.grids)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
-                                      block=STITCH_BLOCK, grids=grids, min_blocks=self.feedback.min_blocks)
+                                      block=STITCH_BLOCK, grids=grids, min_blocks=self.feedback.min_blocks,
+                                      blocks=sized.blocks)
+        for k in stitched:
+            k.block_reason = sized.why.get(k.index)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,

@@ -24,7 +24,7 @@ from tvm import relax, te, tirx
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
 from ..core import estimate, hardware, latency, measured, tir_stats
-from ..codegen.rules import Matmul256, TensorCoreMatmul
+from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
 from ..core.ir_names import GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
@@ -191,7 +191,7 @@ def _thread_count(stage) -> int:
 
 
 # the stitched GEMM rules whose blocks write one dense output tile each, and their threads
-_TILE_RULES = {"Matmul": Matmul256().threads, "TensorCoreMatmul": TensorCoreMatmul.threads}
+_TILE_RULES = {"Matmul": StitchedMatmul().threads, "TensorCoreMatmul": TensorCoreMatmul().threads}
 
 
 def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
@@ -249,15 +249,18 @@ class GroupCalls:
 
 
 def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITCH_BLOCK,
-                sizes: bool = True, unscheduled: tvm.IRModule | None = None) -> GroupFacts:
+                sizes: bool = True, unscheduled: tvm.IRModule | None = None,
+                only: set[int] | None = None) -> GroupFacts:
     """What the subprogram partitioner needs to know of every group (``sizes=False``: only
     whether it can be stitched, all the "blocks" partitioner reads). ``unscheduled``: the same
     groups before scheduling, whose flops and footprints the latency model reads (as the
-    report does; a schedule's extra blocks would count work twice)."""
+    report does; a schedule's extra blocks would count work twice). ``only``: the facts of these
+    groups alone (the others as if opaque), for a subprogram scheduled again at another block."""
     raw = GroupCalls(unscheduled, calls.groups) if unscheduled is not None else None
     groups = calls.groups
-    unstitchable = [None if g.opaque is not None else lower.why_not_stitchable(calls.func(i), target, block)
-                    for i, g in enumerate(groups)]
+    asked = [g.opaque is None and (only is None or i in only) for i, g in enumerate(groups)]
+    unstitchable = [lower.why_not_stitchable(calls.func(i), target, block) if asked[i] else None
+                    for i in range(len(groups))]
     if not sizes:
         return GroupFacts(unstitchable)
     arch = str(target.attrs["arch"]) if "arch" in target.attrs else str(target.kind.name)
@@ -277,14 +280,15 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
 
     statements, stages, work, keys = [], [], [], []
     for i, g in enumerate(groups):
-        if g.opaque is not None or unstitchable[i] is not None:
+        if not asked[i] or unstitchable[i] is not None:
             facts = (0, [], [], None)
         else:
             facts = facts_of(calls.func(i), raw.func(i) if raw is not None else calls.func(i))
         for column, value in zip((statements, stages, work, keys), facts):
             column.append(value)
-    signature = [tvm_ffi.structural_hash(calls.func(i)) if g.opaque is None else None for i, g in enumerate(groups)]
-    return GroupFacts(unstitchable, statements, stages, signature, _repeats(calls), work, keys)
+    signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
+    repeats = _repeats(calls) if only is None else [None] * len(groups)
+    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys)
 
 
 def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:

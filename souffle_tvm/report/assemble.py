@@ -118,7 +118,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         first = st.region in (None, 0)
         nbytes = sum(result.footprints.get(st.function, {}).values()) if first else 0
         flops = sum(result.flops.get(st.function, {}).values()) if first else 0
-        func = stage_funcs.get(st.function)
+        func = sk.stage_funcs.get(st.function, stage_funcs.get(st.function))   # at the kernel's block size
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
         if not first:      # only a function's first region carries what it stores
@@ -146,6 +146,9 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
     report.group_edges = group_edges(program, partition.groups)
     report.subprograms = [{"groups": [partition.groups[i].name for i in idx], "indices": list(idx), "reason": why}
                           for idx, why in subprograms]
+    for k in stitched:     # a block size other than the partitioner's, and why
+        if k.block_reason and k.index < len(report.subprograms):
+            report.subprograms[k.index].update(block=k.block, block_reason=k.block_reason)
     with_stitched_facts(report, result, stitched, unstitched)
 
 

@@ -19,7 +19,8 @@ group_edges[]      souffle only: the group DAG, ``[producer, consumer]`` indices
                    ``groups`` (a consumer reads something the producer writes)
 subprograms[]      v3/v4 only: the groups stitched into one cooperative kernel (``groups``: their
                    names; ``indices``: their positions in ``groups``), and ``reason`` (why the
-                   subprogram ends where it does)
+                   subprogram ends where it does); ``block`` and ``block_reason`` where its
+                   stitched kernel runs at another block size than the partition's 256 threads
 kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, shared_bytes
                    (static from ptxas + dynamic from TIR), spill_bytes, launches (per
                    inference), bytes (compulsory global traffic of one launch: the sizes of the

@@ -42,6 +42,10 @@ class StitchedKernel:
     stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
     geometry: list[tuple[int, int]] = field(default_factory=list)   # per stage: (tiles, threads) as its own kernel
     min_blocks: int | None = None  # register cap: nvcc leaves room for this many blocks per SM
+    block: int = STITCH_BLOCK      # threads per block (``partition.block_size``)
+    # stage PrimFunc name -> its schedule at ``block``, where that is not the module's (``STITCH_BLOCK``) one
+    stage_funcs: dict = field(default_factory=dict)
+    block_reason: str | None = None   # why ``block`` is not ``STITCH_BLOCK``
 
 
 def kernel_name(subprogram: int) -> str:
@@ -74,7 +78,8 @@ class Produced(NamedTuple):
 def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: list[list[int]], grid: int,
                   block: int = STITCH_BLOCK,
                   grids: dict[str, int] | None = None,
-                  min_blocks: dict[str, int] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  min_blocks: dict[str, int] | None = None,
+                  blocks: dict[str, tuple[int, dict]] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
@@ -84,8 +89,11 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
     stages has (more would idle at every grid sync). The co-resident limit is left to the
     build, which has ptxas' figures. ``min_blocks``: kernel name -> its register cap (blocks
-    per SM nvcc must leave room for). Identical kernels (repeated layers) share one PrimFunc.
+    per SM nvcc must leave room for). ``blocks``: kernel name -> (its threads per block, its stage
+    PrimFuncs scheduled at that size by name) where it is not ``block`` (``partition.block_size``).
+    Identical kernels (repeated layers) share one PrimFunc.
     """
+    blocks = blocks or {}
     main = mod["main"]
     bindings = [b for blk in main.body.blocks for b in blk.bindings]
     call_pos = [i for i, b in enumerate(bindings) if is_group_call(b.value)]
@@ -98,8 +106,10 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     # The partitioner draws every boundary: it never hands over a stage that cannot be stitched
     # (it asks ``lower.why_not_stitchable`` too); one here is a bug upstream, not a new cut.
     for k, sp in enumerate(subprograms):
+        size, funcs = blocks.get(kernel_name(k), (block, {}))
         for j in (sp if len(sp) > 1 else []):
-            why = lower.why_not_stitchable(mod[bindings[call_pos[j]].value.args[0]], target, block)
+            gv = bindings[call_pos[j]].value.args[0]
+            why = lower.why_not_stitchable(funcs.get(gv.name_hint, mod[gv]), target, size)
             if why is not None:
                 raise StitchError(f"subprogram {k} holds a stage that cannot be stitched: {why}")
     stitched_calls = [bindings[call_pos[j]] for sp in subprograms if len(sp) > 1 for j in sp]
@@ -124,9 +134,10 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         mine = {b.var for b in calls} | set(aliases)
                         inside = _use_counts([b for b in bindings if b.var in mine])
                         used_after = {v for v, n in uses.items() if n > inside.get(v, 0)}
+                        size, funcs = blocks.get(name, (block, {}))
                         kernels.append(_emit_stitched(bb, mod, target, calls, aliases, env,
-                                                      (grids or {}).get(name, grid), block, k, used_after,
-                                                      (min_blocks or {}).get(name)))
+                                                      (grids or {}).get(name, grid), size, k, used_after,
+                                                      (min_blocks or {}).get(name), funcs))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -169,8 +180,10 @@ def _aliases(bindings, calls) -> dict:
 
 
 def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None,
-                   min_blocks=None) -> StitchedKernel:
-    """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call."""
+                   min_blocks=None, stage_funcs=None) -> StitchedKernel:
+    """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call.
+    ``stage_funcs``: stage PrimFuncs by name, scheduled at ``block``, in place of ``mod``'s."""
+    stage_funcs = stage_funcs or {}
     name = kernel_name(index)
     # Keys: a produced tensor is a Produced; an input is its Relax expression (an ExprKey).
     produced, types = [], []
@@ -182,7 +195,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
         produced += outs
         types += fields
         ins = [aliases.get(a, a) if isinstance(a, relax.Var) else a for a in fargs]
-        lowered = lower.lower_stage(gv.name_hint, mod[gv], target)
+        lowered = lower.lower_stage(gv.name_hint, stage_funcs.get(gv.name_hint, mod[gv]), target)
         n_scratch = lowered[0].scratch
         scratch = [Produced("scratch", pos, i) for i in range(n_scratch)]
         produced += scratch
@@ -232,4 +245,6 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                 env[alias] = items[key]
     return StitchedKernel(name, index, [s.name for s in stages], sum(syncs), grid, safety,
                           max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids,
-                          geometry=[(st.num_blocks, st.num_threads) for st in stages], min_blocks=min_blocks)
+                          geometry=[(st.num_blocks, st.num_threads) for st in stages], min_blocks=min_blocks,
+                          block=block, stage_funcs={ident.function: stage_funcs[ident.function] for ident in ids
+                                                    if ident.function in stage_funcs})

@@ -1,22 +1,27 @@
 """Our schedule rules, one per module, each a dlight ``ScheduleRule`` available on CUDA only
 (``base.CUDAScheduleRule``): ``apply(func, target, tunable)`` returns a ``tvm.s_tir.Schedule``,
 or ``None`` where the rule does not apply. ``codegen.schedule.default_rules`` orders them
-with dlight's own rules for the stitched (256-thread) stages:
+with dlight's own rules for the stitched stages (256 threads, or 128 or 512 where a subprogram
+takes that size):
 
 - ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
-- ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps.
-- ``matmul256.Matmul256``: dlight's ``gpu.Matmul`` at 16 x 16 threads (reported as "Matmul").
+- ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps (4 or 16).
+- ``stitched_matmul.StitchedMatmul``: dlight's ``gpu.Matmul`` at 16 x 16 threads (8 x 16,
+  16 x 32; reported as "Matmul").
 - ``column_reduction.ColumnReduction``: a reduction over an outer axis, K over threadIdx.y.
 - ``serial_reduction.SerialReduction``: many outputs of few terms (depthwise, grouped
   convolutions), one output per thread, where the latency model predicts it faster.
+- ``row_reduction.RowReduction``: dlight's ``gpu.GeneralReduction`` at the block size
+  (reported as "GeneralReduction").
 """
 
 from .atomic_rows import AtomicRows
 from .column_reduction import ColumnReduction
-from .matmul256 import Matmul256
+from .stitched_matmul import StitchedMatmul
 from .partial_rows import PartialRows
+from .row_reduction import RowReduction
 from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 
-__all__ = ["AtomicRows", "ColumnReduction", "Matmul256", "PartialRows", "SerialReduction", "TensorCoreMatmul"]
+__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowReduction", "SerialReduction", "TensorCoreMatmul"]

@@ -20,7 +20,7 @@ class ColumnReduction(CUDAScheduleRule):
     then added per output: ``tx * ty`` = the stitched block size, N / ``tx`` blocks. dlight's
     Reduction rule does the same for its "inner spatial" case with its own thread counts."""
 
-    SHAPES = ((16, 16), (32, 8), (8, 32), (64, 4), (4, 64))     # (tx, ty), dlight's first
+    TX = (16, 32, 8, 64, 4)     # outputs per block, dlight's first; K is split block size / tx ways
 
     def __init__(self, block_size: int):
         self.block_size = block_size
@@ -49,8 +49,8 @@ class ColumnReduction(CUDAScheduleRule):
             return None
         points = math.prod(int(iv.dom.extent) for iv in spatial)
         k = int(reduce[0].dom.extent)
-        shape = next(((tx, ty) for tx, ty in self.SHAPES if tx * ty == self.block_size and points % tx == 0
-                      and k % ty == 0), None)
+        shape = next(((tx, self.block_size // tx) for tx in self.TX if points % tx == 0
+                      and k % (self.block_size // tx) == 0), None)
         if shape is None:
             return None
         tx_n, ty_n = shape

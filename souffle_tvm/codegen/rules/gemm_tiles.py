@@ -1,6 +1,6 @@
 """What the stitched GEMM rules read of a contraction before scheduling it: its extents as
 dlight normalises them, the tile count of a tile shape, and the latency model's time for those
-tiles on a stitched kernel's resident blocks (``Matmul256`` and ``TensorCoreMatmul`` choose
+tiles on a stitched kernel's resident blocks (``StitchedMatmul`` and ``TensorCoreMatmul`` choose
 their tile with it, ``SerialReduction`` its form)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
 from ...core import hardware, latency, tir_stats
-from ...core.geometry import STITCH_BLOCKS_PER_SM
+from ...core.geometry import STITCH_BLOCK, STITCH_BLOCKS_PER_SM
 
 
 def contraction_extents(func: tirx.PrimFunc) -> tuple[int, ...] | None:
@@ -85,11 +85,12 @@ class ContractionWork:
 def stitched_seconds(work: ContractionWork, tiles: int, threads: int, tensor_core: bool,
                      target: tvm.target.Target, slots: int | None = None, padding: float = 1.0) -> float:
     """The latency model's time for ``work`` in ``tiles`` blocks of ``threads`` on ``slots``
-    resident blocks (default: a stitched kernel's, ``STITCH_BLOCKS_PER_SM`` per SM; grid-stride,
-    so extra waves restart tiles). ``padding``: the computed over the true output area, where
+    resident blocks (default: a stitched kernel's, ``STITCH_BLOCKS_PER_SM`` blocks of
+    ``STITCH_BLOCK`` threads per SM, as many threads in blocks of ``threads``; grid-stride, so
+    extra waves restart tiles). ``padding``: the computed over the true output area, where
     tiles past the GEMM's edge compute padding (an estimate)."""
     gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
     stage = latency.Stage(tiles, threads, work.bytes, math.ceil(work.flops * padding), tensor_core, work.written,
                           work.elem_bytes)
-    return latency.stage_time(gpu, latency.FITTED, stage, slots or gpu.sms * STITCH_BLOCKS_PER_SM,
-                              persistent=True).seconds
+    per_sm = max(1, STITCH_BLOCKS_PER_SM * STITCH_BLOCK // threads)
+    return latency.stage_time(gpu, latency.FITTED, stage, slots or gpu.sms * per_sm, persistent=True).seconds

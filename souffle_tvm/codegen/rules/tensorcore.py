@@ -1,12 +1,13 @@
-"""TensorCoreMatmul: tensor-core GEMM stages that fit a stitched kernel's 256 threads, their tile
-sized to the kernel's grid.
+"""TensorCoreMatmul: tensor-core GEMM stages that fit a stitched kernel's block (256 threads, or
+128 or 512 where a subprogram takes that size), their tile sized to the kernel's grid.
 
 dlight's ``MatmulTensorization`` (the rule its ``Matmul`` hands fp16 GEMMs to on sm_70+) fixes
 its warp grid at 4 x 4 = 16 warps, 512 threads, inside one long ``apply``: an fp16 model's
 GEMMs then cannot join a 256-thread stitched kernel, and every one of them ends a subprogram
 (BERT-base fp16: 84 kernels instead of fp32's 12). This is that rule with the warp grid as
-parameter: 8 warps (2 x 4 or 4 x 2), each 1 x 1 to 2 x 2 wmma 16x16x16 fragments, so a block
-computes a tile from 32 x 64 to 64 x 128 (dlight's: 128 x 128, 4 x 4 warps of 2 x 2), with the
+parameter: at 256 threads 8 warps (2 x 4 or 4 x 2), each 1 x 1 to 2 x 2 wmma 16x16x16 fragments,
+so a block computes a tile from 32 x 64 to 64 x 128 (dlight's: 128 x 128, 4 x 4 warps of 2 x 2;
+``TILES_BY_WARPS`` has those of 4 and 16 warps too), with the
 same K tile of 64 and the same two-stage software pipeline through dynamic shared memory.
 The schedule steps are dlight's (tvm/s_tir/dlight/gpu/matmul.py, MatmulTensorization.apply),
 unchanged but for the factors and a guard against GEMMs too small for tensor cores (the test
@@ -15,7 +16,7 @@ dlight's ``Matmul`` applies before handing over).
 Why the tile is chosen: dlight's fixed 128 x 128 tile gives BERT-base's 384 x 768 GEMMs 18
 blocks on an H200's 132 SMs. The rule reads the contraction's extents before scheduling and
 keeps the tile the latency model predicts fastest on the kernel's resident blocks (as
-``Matmul256`` does for the SIMT tile); a GEMM whose large tiles already fill the grid keeps
+``StitchedMatmul`` does for the SIMT tile); a GEMM whose large tiles already fill the grid keeps
 their operand reuse.
 """
 
@@ -58,6 +59,12 @@ class WarpTile:
 TILES = (WarpTile(2, 4, 2, 2), WarpTile(4, 2, 2, 2), WarpTile(2, 4, 2, 1), WarpTile(2, 4, 1, 2),
          WarpTile(4, 2, 2, 1), WarpTile(2, 4, 1, 1), WarpTile(4, 2, 1, 1))
 DEFAULT_TILE = TILES[0]     # 64 x 128
+# per warp count (a block of 128, 256 or 512 threads): the tiles, in the same order of preference
+TILES_BY_WARPS = {
+    4: (WarpTile(2, 2, 2, 2), WarpTile(2, 2, 2, 1), WarpTile(2, 2, 1, 2), WarpTile(2, 2, 1, 1)),
+    WARPS: TILES,
+    16: (WarpTile(4, 4, 2, 2), WarpTile(4, 4, 2, 1), WarpTile(4, 4, 1, 2), WarpTile(4, 4, 1, 1)),
+}
 
 
 class TensorCoreMatmul(CUDAScheduleRule):
@@ -70,12 +77,17 @@ class TensorCoreMatmul(CUDAScheduleRule):
     ``STITCH_BLOCKS_PER_SM`` per SM). The schedule carries the tile as ``GEMM_TILE_ATTR``
     (rows, columns): the tile a two-phase partial shares."""
 
-    threads = WARPS * 32
+    def __init__(self, tile: WarpTile | None = None, k_frags: int = 4, slots: int | None = None,
+                 warps: int = WARPS):
+        if warps not in TILES_BY_WARPS:
+            raise ValueError(f"a tensor-core block has {' or '.join(map(str, TILES_BY_WARPS))} warps (asked: {warps})")
+        if tile is not None and tile.warps_m * tile.warps_n != warps:
+            raise ValueError(f"a tensor-core tile has {warps} warps (asked: {tile})")
+        self.tile, self.k_frags, self.slots, self.warps = tile, k_frags, slots, warps
 
-    def __init__(self, tile: WarpTile | None = None, k_frags: int = 4, slots: int | None = None):
-        if tile is not None and tile.warps_m * tile.warps_n != WARPS:
-            raise ValueError(f"a tensor-core tile has {WARPS} warps (asked: {tile})")
-        self.tile, self.k_frags, self.slots = tile, k_frags, slots
+    @property
+    def threads(self) -> int:
+        return self.warps * 32
 
     def predicted_seconds(self, func: tirx.PrimFunc, extents: tuple[int, int, int], tile: WarpTile,
                           target: tvm.target.Target) -> float:
@@ -126,15 +138,16 @@ class TensorCoreMatmul(CUDAScheduleRule):
         if tile is None:
             if all(isinstance(e, tirx.IntImm) for e in extents[:3]):
                 fixed, work = tuple(int(e) for e in extents[:3]), ContractionWork.of(func)
-                seconds = {t: self._seconds(work, fixed, t, target) for t in TILES}
-                tile = min(TILES, key=lambda t: (seconds[t], TILES.index(t)))
+                tiles = TILES_BY_WARPS[self.warps]
+                seconds = {t: self._seconds(work, fixed, t, target) for t in tiles}
+                tile = min(tiles, key=lambda t: (seconds[t], tiles.index(t)))
             else:
-                tile = DEFAULT_TILE
+                tile = TILES_BY_WARPS[self.warps][0]
         warp_size, vector_size = 32, 4
         i_factors = [None, 1, tile.warps_m, tile.frags_m]
         j_factors = [1, None, tile.warps_n, tile.frags_n]
         k_factors = [None, self.k_frags]
-        num_ty = WARPS
+        num_ty = self.warps
 
         # Only now (a GEMM that tensorizes): importing the intrinsics costs ~10 s per process,
         # the whole tensor_intrin package (every target's) three times that.

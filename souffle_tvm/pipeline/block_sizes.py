@@ -1,0 +1,126 @@
+"""Groups at every stitched block size, asked of the code generator for the partitioner
+(``partition.block_size``, ``partition.by_time``): each group scheduled again at each of
+``STITCH_BLOCKS`` threads, lowered and priced; then each stitched subprogram's size, for the
+stitcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import tirx
+
+from ..codegen.schedule import STITCH_BLOCK_ONLY_RULES
+from ..core.geometry import STITCH_BLOCK, STITCH_BLOCKS
+from ..core.ir_names import SOURCE_ATTR
+from ..errors import ScheduleError, StitchError
+from ..partition import block_size
+from ..partition.by_time import Timer, window_seconds
+from ..partition.groups import Group
+from ..partition.subprograms import estimated_grid
+from ..stitch.module import kernel_name
+from .policies import GroupCalls, ScheduleCache, default_schedule, group_facts
+
+
+@dataclass
+class AtSizes:
+    """The groups priced at each block size: ``timers[STITCH_BLOCK]`` is the partition's; at
+    another size a group some rule schedules at ``STITCH_BLOCK`` only is unstitchable, with why."""
+
+    timers: dict[int, Timer]
+    funcs: dict[int, dict[int, tirx.PrimFunc]] = field(default_factory=dict)   # size -> group -> its schedule
+
+    def others(self) -> dict[int, Timer]:
+        return {b: t for b, t in self.timers.items() if b != STITCH_BLOCK}
+
+
+@dataclass
+class StitchedBlocks:
+    """What the stitcher needs of the subprograms that take another block size."""
+
+    # kernel name -> (threads per block, {stage PrimFunc name: its schedule at that size})
+    blocks: dict[str, tuple[int, dict[str, tirx.PrimFunc]]] = field(default_factory=dict)
+    grids: dict[str, int] = field(default_factory=dict)   # kernel name -> first grid (static estimate)
+    why: dict[int, str] = field(default_factory=dict)      # subprogram -> the choice, with both figures
+
+
+def _partition_rule(func: tirx.PrimFunc, raw: tirx.PrimFunc, target) -> str:
+    """The rule that scheduled a stage at ``STITCH_BLOCK`` (memoised: the partition asked it)."""
+    if func.attrs is not None and SOURCE_ATTR in func.attrs and str(func.attrs[SOURCE_ATTR]) == "database":
+        return "database"
+    return default_schedule(raw, target, STITCH_BLOCK).rule
+
+
+def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
+             timer: Timer, members: set[int] | None = None) -> AtSizes:
+    """``members`` (default: every group that can be stitched at ``STITCH_BLOCK``) scheduled
+    at each other size of ``STITCH_BLOCKS``, their facts read and a ``Timer`` made for each
+    size (``timer``: the partition's). ``mod``: the groups scheduled at ``STITCH_BLOCK``;
+    ``unscheduled``: the same before scheduling."""
+    calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
+    if members is None:
+        members = {i for i in calls.call_index if timer.facts.unstitchable[i] is None}
+    only = {i: _partition_rule(calls.func(i), raw.func(i), target) for i in sorted(members)}
+    only = {i: rule for i, rule in only.items() if rule in STITCH_BLOCK_ONLY_RULES}
+    out = AtSizes({STITCH_BLOCK: timer})
+    for size in STITCH_BLOCKS:
+        if size == STITCH_BLOCK or not members:
+            continue
+        cache, at_size = ScheduleCache(target, size), tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        funcs, why = {}, {i: f"{rule} schedules it at {STITCH_BLOCK} threads only" for i, rule in only.items()}
+        for i in sorted(members - set(only)):
+            try:
+                funcs[i] = cache(raw.func(i)).func
+            except ScheduleError as err:
+                why[i] = f"no rule schedules it at {size} threads: {err}"
+                continue
+            at_size.update_func(calls.calls[calls.call_index[i]].args[0], funcs[i])
+        try:
+            facts = group_facts(GroupCalls(at_size, groups), target, block=size, unscheduled=unscheduled,
+                                only=set(funcs))
+        except StitchError:       # a stage at this size the stitcher cannot read: the size is not offered
+            continue
+        for i, reason in why.items():
+            facts.unstitchable[i] = reason
+        out.timers[size] = Timer(facts, timer.gpu, timer.c, block=size)
+        out.funcs[size] = funcs
+    return out
+
+
+def faster_alone(at: AtSizes, alone: dict[int, tirx.PrimFunc]) -> None:
+    """Groups whose schedule at another size is predicted faster as kernels of their own than
+    the one they have alone (``alone``, v2's where ``policies.schedules_alone`` found it faster,
+    else the stitchable one) take it, in ``alone`` and in the partition's timer: a boundary
+    around a group is priced at the best it can be built as, so stitching is chosen where
+    stitching pays, not where only a stitched kernel had the larger tile."""
+    timer = at.timers[STITCH_BLOCK]
+    for size, other in at.others().items():
+        for i, func in at.funcs[size].items():
+            if other.facts.unstitchable[i] is not None or not other.facts.work[i]:
+                continue
+            seconds = other.stitchable_alone(i)
+            if seconds < timer.separate(i):
+                alone[i], timer.rescheduled[i] = func, seconds
+
+
+def block_sizes(at: AtSizes, mod: tvm.IRModule, groups: list[Group], subprograms: list[tuple[list[int], str]],
+                producers: list[set[int]], keep: frozenset = frozenset()) -> StitchedBlocks:
+    """Each stitched subprogram's block size (``partition.block_size.choose`` on ``at``'s
+    timers; ``mod``: the groups scheduled at ``STITCH_BLOCK``): those in ``keep`` (group
+    positions as tuples: ptxas found them over budget at the size chosen) stay at
+    ``STITCH_BLOCK``."""
+    out = StitchedBlocks()
+    calls = GroupCalls(mod, groups)
+    for k, (idx, _) in enumerate(subprograms):
+        if len(idx) < 2 or tuple(idx) in keep:
+            continue
+        choice = block_size.choose({b: window_seconds(t, producers, idx) for b, t in at.timers.items()})
+        if choice is None:
+            continue
+        name = kernel_name(k)
+        gv = {i: calls.calls[calls.call_index[i]].args[0].name_hint for i in idx}
+        out.blocks[name] = (choice.block, {gv[i]: at.funcs[choice.block][i] for i in idx})
+        out.grids[name] = estimated_grid(at.timers[choice.block].facts, idx, at.timers[choice.block].gpu,
+                                         choice.block)
+        out.why[k] = choice.why
+    return out
