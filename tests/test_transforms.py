@@ -30,10 +30,11 @@ def imported():
     return get
 
 
-# Swin has nothing for horizontal fusion to merge (V1 = V0): that case is `slow` (~18 s); so is
-# fold_weights alone (~24 s: the unfused program), which swin-all runs too.
+# Swin has nothing for horizontal fusion to merge (V1 = V0): that case is `slow` (~18 s); so are
+# fold_weights alone (~24 s: the unfused program) and vertical (~12 s), which swin-all runs too.
 @pytest.mark.parametrize("name,transform", [
-    pytest.param(n, t, marks=pytest.mark.slow) if (n, t) in (("swin", "horizontal"), ("swin", "fold_weights"))
+    pytest.param(n, t, marks=pytest.mark.slow) if (n, t) in (("swin", "horizontal"), ("swin", "fold_weights"),
+                                                             ("swin", "vertical"))
     else (n, t) for n in ZOO for t in TRANSFORMS])
 def test_transform_preserves_numerics(imported, name, transform):
     m = imported(name)

@@ -5,6 +5,7 @@ stitcher."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import tvm
@@ -29,9 +30,14 @@ class AtSizes:
 
     timers: dict[int, Timer]
     funcs: dict[int, dict[int, tirx.PrimFunc]] = field(default_factory=dict)   # size -> group -> its schedule
+    members: frozenset = frozenset()      # the groups asked
 
     def others(self) -> dict[int, Timer]:
         return {b: t for b, t in self.timers.items() if b != STITCH_BLOCK}
+
+    def with_timer(self, timer: Timer) -> "AtSizes":
+        """The same, with ``timer`` as the partition's (a restitch makes a new one)."""
+        return dataclasses.replace(self, timers={**self.timers, STITCH_BLOCK: timer})
 
 
 @dataclass
@@ -52,17 +58,20 @@ def _partition_rule(func: tirx.PrimFunc, raw: tirx.PrimFunc, target) -> str:
 
 
 def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
-             timer: Timer, members: set[int] | None = None) -> AtSizes:
+             timer: Timer, members: set[int] | None = None, asked: AtSizes | None = None) -> AtSizes:
     """``members`` (default: every group that can be stitched at ``STITCH_BLOCK``) scheduled
     at each other size of ``STITCH_BLOCKS``, their facts read and a ``Timer`` made for each
     size (``timer``: the partition's). ``mod``: the groups scheduled at ``STITCH_BLOCK``;
-    ``unscheduled``: the same before scheduling."""
+    ``unscheduled``: the same before scheduling. ``asked``: the answer for the same groups
+    earlier (a ptxas-feedback restitch), reused where it holds ``members``."""
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
     if members is None:
         members = {i for i in calls.call_index if timer.facts.unstitchable[i] is None}
+    if asked is not None and set(members) <= asked.members:
+        return asked.with_timer(timer)
     only = {i: _partition_rule(calls.func(i), raw.func(i), target) for i in sorted(members)}
     only = {i: rule for i, rule in only.items() if rule in STITCH_BLOCK_ONLY_RULES}
-    out = AtSizes({STITCH_BLOCK: timer})
+    out = AtSizes({STITCH_BLOCK: timer}, members=frozenset(members))
     for size in STITCH_BLOCKS:
         if size == STITCH_BLOCK or not members:
             continue

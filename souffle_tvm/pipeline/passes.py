@@ -218,13 +218,14 @@ class StitchSubprograms:
         facts = info.get("group_facts")     # the same groups stitched again (ptxas feedback): asked once
         if facts is None or (sizes and not facts.statements):
             facts = policies.group_facts(calls, target, sizes=sizes, unscheduled=info.get("unscheduled"))
+        at = None     # the groups at every block size (time and budget partitioners)
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
             timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
             alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
-            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer)
+            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"))
             block_sizes.faster_alone(at, alone)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
@@ -246,7 +247,7 @@ class StitchSubprograms:
             if self.partitioner == "budget":
                 at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
                                           by_time.Timer(facts, gpu, latency.FITTED),
-                                          {i for idx, _ in subs if len(idx) > 1 for i in idx})
+                                          {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"))
             sized = block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
                                             self.feedback.partition_block)
             if estimated:
@@ -259,7 +260,8 @@ class StitchSubprograms:
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,
-                                                    "subprograms": subs, "group_facts": facts}))
+                                                    "subprograms": subs, "group_facts": facts,
+                                                    **({"at_sizes": at} if at is not None else {})}))
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.PlantPrefetch")

@@ -44,6 +44,7 @@ class SouffleModule:
     schedule_notes: list = field(default_factory=list)
     rule_failures: int = 0     # schedule rules that raised, candidate groups included
     group_facts: object = None  # what the subprogram partitioner was told of each group (kept for restitch)
+    at_sizes: object = None     # the same at every block size (``block_sizes.AtSizes``; kept for restitch)
 
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Options | None = None,
@@ -67,12 +68,12 @@ def _collect(out: tvm.IRModule, options: Options, feedback: Feedback) -> Souffle
                          info.get("horizontal"), info.get("two_phase"), list(info.get("stitched", [])),
                          [(list(idx), why) for idx, why in info.get("subprograms", [])], info.get("unstitched"),
                          feedback, [(list(n), int(f)) for n, f in info.get("schedule_notes", [])],
-                         int(info.get("rule_failures", 0)), info.get("group_facts"))
+                         int(info.get("rule_failures", 0)), info.get("group_facts"), info.get("at_sizes"))
 
 
 def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedback) -> SouffleModule:
     """The same groups stitched again, told ``feedback`` (cuts, grids, kernels without prefetch)."""
-    facts = {"group_facts": souffle.group_facts} if souffle.group_facts is not None else {}
+    facts = {k: v for k, v in (("group_facts", souffle.group_facts), ("at_sizes", souffle.at_sizes)) if v is not None}
     mod = passes.with_info(souffle.unstitched, program=souffle.program, partition=souffle.partition, **facts,
                            unscheduled=souffle.unscheduled)
     steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback)]
