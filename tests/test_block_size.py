@@ -188,3 +188,26 @@ def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster(efficientnet
     assert blocks & {128, 512}
     if report.nvcc.get("available"):
         assert all(k.registers is not None and not k.spill_bytes for k in report.kernels if k.cooperative)
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc (ptxas feedback)")
+def test_a_kernel_over_budget_at_its_size_goes_back_to_256_before_a_split(monkeypatch):
+    """ptxas' verdict planted: the first build's resized kernels "spill". The feedback stitches
+    them again at 256 threads (same subprograms, no split), and the report says no block."""
+    from souffle_tvm.pipeline import feedback
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    real, planted = feedback.over_budget, []
+
+    def over_budget(report, souffle, arch):
+        if not planted:
+            planted.extend(k.function for k in souffle.stitched if k.block != 256)
+            return {f: "planted: 64 B of register spills" for f in planted}
+        return real(report, souffle, arch)
+
+    monkeypatch.setattr(feedback, "over_budget", over_budget)
+    report = compile_model("efficientnet", "cuda", "souffle", small=True, level="v3", partitioner="budget").report
+    assert planted, "no kernel took another block size to plant a spill in"
+    assert not any(s.get("block") for s in report.subprograms)
+    assert {k.block[0] for k in report.kernels if k.cooperative} == {256}
+    assert not any("ptxas feedback" in s["reason"] for s in report.subprograms)     # no split

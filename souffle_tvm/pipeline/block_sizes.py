@@ -58,12 +58,14 @@ def _partition_rule(func: tirx.PrimFunc, raw: tirx.PrimFunc, target) -> str:
 
 
 def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
-             timer: Timer, members: set[int] | None = None, asked: AtSizes | None = None) -> AtSizes:
+             timer: Timer, members: set[int] | None = None, asked: AtSizes | None = None,
+             sizes: tuple[int, ...] = STITCH_BLOCKS) -> AtSizes:
     """``members`` (default: every group that can be stitched at ``STITCH_BLOCK``) scheduled
     at each other size of ``STITCH_BLOCKS``, their facts read and a ``Timer`` made for each
     size (``timer``: the partition's). ``mod``: the groups scheduled at ``STITCH_BLOCK``;
     ``unscheduled``: the same before scheduling. ``asked``: the answer for the same groups
-    earlier (a ptxas-feedback restitch), reused where it holds ``members``."""
+    earlier (a ptxas-feedback restitch), reused where it holds ``members``. ``sizes``: the
+    block sizes to price (``STITCH_BLOCK`` always)."""
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
     if members is None:
         members = {i for i in calls.call_index if timer.facts.unstitchable[i] is None}
@@ -72,7 +74,7 @@ def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], 
     only = {i: _partition_rule(calls.func(i), raw.func(i), target) for i in sorted(members)}
     only = {i: rule for i, rule in only.items() if rule in STITCH_BLOCK_ONLY_RULES}
     out = AtSizes({STITCH_BLOCK: timer}, members=frozenset(members))
-    for size in STITCH_BLOCKS:
+    for size in sizes:
         if size == STITCH_BLOCK or not members:
             continue
         cache, at_size = ScheduleCache(target, size), tvm.IRModule(dict(mod.functions), attrs=mod.attrs)

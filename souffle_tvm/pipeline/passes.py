@@ -27,6 +27,7 @@ from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
 from ..errors import SouffleError
 from ..partition import by_time, kernels, subprograms
+from ..partition.block_size import TIME_BLOCKS
 from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
@@ -225,7 +226,8 @@ class StitchSubprograms:
             timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
             alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
-            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"))
+            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
+                                      sizes=TIME_BLOCKS)
             block_sizes.faster_alone(at, alone)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
