@@ -14,8 +14,6 @@ Every boundary keeps a reason; a time boundary gives both figures.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..core import estimate, hardware, latency
@@ -329,30 +327,32 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
     alone = [timer.separate(i) if groups[i].opaque is None and facts.work[i] else 0.0 for i in range(n)]
     stop: dict[tuple[int, int], str] = {}     # why window i..j cannot grow to j + 1 (at the partition's size)
 
-    def grow(i: int, block: int | None = None, stop: dict = stop):
+    def grow(i: int, block: int | None = None, why: dict | None = None):
         """Window i..j stitched at ``block`` threads (default: the partition's), for j = i + 1,
-        i + 2, ... while it may grow: (j, seconds)."""
-        timer_, unstitchable = timers[block or timer.block], functools.partial(unstitchable_at, block or timer.block)
-        w = Window(timer_, producers, i)
+        i + 2, ... while it may grow: (j, seconds); why it stops goes into ``why`` (default:
+        ``stop``, the reasons' record)."""
+        block = block or timer.block
+        record = stop if why is None else why
+        w = Window(timers[block], producers, i)
         w.add(i)
         used, count, j = size[i], 1, i
         while j + 1 < n:
             if j in forced:
-                stop[(i, j)] = forced[j]
+                record[(i, j)] = forced[j]
                 return
-            nwhy = unstitchable(j + 1)
+            nwhy = unstitchable_at(block, j + 1)
             if nwhy is not None:
-                stop[(i, j)] = f"next group is not stitchable: {nwhy}"
+                record[(i, j)] = f"next group is not stitchable: {nwhy}"
                 return
             rolled = rep[j + 1] is not None and rep[j + 1] >= i
             if not rolled and (count + 1 > max_groups or used + size[j + 1] > max_statements):
-                stop[(i, j)] = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
+                record[(i, j)] = (f"compile-time budget: {max_groups} groups or {max_statements} statements "
                                 "per stitched kernel")
                 return
             w.add(j + 1)
             over = w.over_budget()
             if over is not None:
-                stop[(i, j)] = f"adding {groups[j + 1].name} breaks a resource limit: {over}"
+                record[(i, j)] = f"adding {groups[j + 1].name} breaks a resource limit: {over}"
                 return
             j += 1
             if not rolled:
@@ -390,7 +390,7 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
             best[j + 1], choice[j + 1] = tt, i
             stitched[(i, j)] = t
 
-    def window_seconds(i: int, k: int) -> float | None:
+    def window_time(i: int, k: int) -> float | None:
         """Window i..k stitched, None where it may not grow that far (a reason's figures)."""
         if (i, k) not in stitched:
             per = {block: np.array([next((t for j, t in grow(i, block, {}) if j == k), np.inf)])
@@ -405,11 +405,11 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
         segments.append(list(range(choice[k], k)))
         k = choice[k]
     segments.reverse()
-    return [(seg, _reason(groups, seg, nxt, unstitchable, forced, stop, window_seconds, alone))
+    return [(seg, _reason(groups, seg, nxt, unstitchable, forced, stop, window_time, alone))
             for seg, nxt in zip(segments, segments[1:] + [None])]
 
 
-def _reason(groups, seg, nxt, unstitchable, forced, stop, window_seconds, alone) -> str:
+def _reason(groups, seg, nxt, unstitchable, forced, stop, window_time, alone) -> str:
     i, k = seg[0], seg[-1]
     if nxt is None:
         return "end of model"
@@ -419,9 +419,9 @@ def _reason(groups, seg, nxt, unstitchable, forced, stop, window_seconds, alone)
         return stop[(i, k)]
     if k in forced:
         return forced[k]
-    here = (window_seconds(i, k) if len(seg) > 1 else alone[i]) or 0.0
-    after = (window_seconds(nxt[0], nxt[-1]) if len(nxt) > 1 else alone[nxt[0]]) or 0.0
-    joined = window_seconds(i, nxt[-1])
+    here = (window_time(i, k) if len(seg) > 1 else alone[i]) or 0.0
+    after = (window_time(nxt[0], nxt[-1]) if len(nxt) > 1 else alone[nxt[0]]) or 0.0
+    joined = window_time(i, nxt[-1])
     if joined is None:
         return f"time: joining {groups[nxt[0]].name} is not a window the budget allows"
     return (f"time: separate kernels predicted faster ({(here + after) * 1e6:.1f} us as "
