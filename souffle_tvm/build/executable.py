@@ -5,8 +5,10 @@ The default pipeline is run in two halves so the kernel structure can be read in
 (1) library dispatch + legalization (LegalizeOps, FuseOps, FuseTIR, dlight on CUDA): the
 fused module, whose ``main`` calls each PrimFunc; (2) dataflow lowering + finalization,
 given to ``tvm.compile`` as its Relax pipeline. The TIR pipeline is TVM's default s_tir
-pipeline between our passes: first the stitched kernels' register caps (``launch_bounds``),
-then the cooperative-launch tag and one read-only pass that records every device kernel.
+pipeline between our passes: first the stitched kernels' register caps (``launch_bounds``) and
+distinct parameter names (so each device kernel's buffers trace back to their parameter
+positions), then the cooperative-launch tag and one read-only pass that records every device
+kernel.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ class DeviceKernel:
     primfunc: str
     grid: list[int]
     block: list[int]
-    global_buffers: dict[str, int]
-    stored: set[str]
+    global_buffers: dict                 # parameter position of ``primfunc`` (name for scratch) -> bytes
+    stored: set                          # the keys of ``global_buffers`` it stores to
     dyn_shared_bytes: int = 0
     cooperative: bool = False
     tensor_core: bool = False
@@ -50,13 +52,19 @@ class BuildResult:
     kernels: list[DeviceKernel]
     calls: dict[str, int]                 # PrimFunc name -> calls per inference from main
     flops: dict[str, dict[str, int]]      # PrimFunc name -> {written buffer: flops}
-    footprints: dict[str, dict[str, int]]  # PrimFunc name -> {param buffer: bytes touched}
+    footprints: dict[str, dict]           # PrimFunc name -> {parameter position: bytes touched}
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 # -- recording TIR pipeline ---------------------------------------------------------------------
-_recording: list[list[DeviceKernel]] = []
+@dataclass
+class _Record:
+    kernels: list[DeviceKernel] = field(default_factory=list)
+    positions: dict[str, dict[str, int]] = field(default_factory=dict)   # PrimFunc -> {param name: position}
+
+
+_recording: list[_Record] = []
 
 
 def _dyn_shared_bytes(func: tirx.PrimFunc) -> int:
@@ -71,9 +79,23 @@ def _dyn_shared_bytes(func: tirx.PrimFunc) -> int:
     return total
 
 
+@tvm.transform.module_pass(opt_level=0, name="souffle_tvm.DistinctParamNames")
+def distinct_param_names(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Each PrimFunc's buffer parameters under distinct names (``tir_stats.distinct_param_names``),
+    their positions remembered for ``record_device_kernels``."""
+    for gv, f in list(mod.functions.items()):
+        if isinstance(f, tirx.PrimFunc):
+            f = tir_stats.distinct_param_names(f)
+            mod[gv] = f
+            if _recording:
+                _recording[-1].positions[gv.name_hint] = {str(p.name): i for i, p in enumerate(f.params)}
+    return mod
+
+
 @tvm.transform.module_pass(opt_level=0, name="souffle_tvm.RecordDeviceKernels")
 def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Read-only: remember each device kernel's launch shape and global buffers."""
+    """Read-only: remember each device kernel's launch shape and global buffers (keyed by the
+    launching PrimFunc's parameter positions)."""
     if not _recording:
         return mod
     # Which PrimFunc launches each kernel: its host side calls the kernel by name.
@@ -94,9 +116,10 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         grid, block = tir_stats.launch_extents(func)
         name = gv.name_hint
         primfunc = launcher.get(name, name)
-        _recording[-1].append(DeviceKernel(
-            name, primfunc, grid, block, tir_stats.kernel_global_buffers(func),
-            tir_stats.kernel_stored_buffers(func), _dyn_shared_bytes(func),
+        positions = _recording[-1].positions.get(primfunc, {})
+        _recording[-1].kernels.append(DeviceKernel(
+            name, primfunc, grid, block, tir_stats.kernel_global_buffers(func, positions),
+            tir_stats.kernel_stored_buffers(func, positions), _dyn_shared_bytes(func),
             "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"]),
             tir_stats.uses_tensor_cores(func), tir_stats.stored_element_bytes(func)))
     return mod
@@ -105,19 +128,21 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _recording_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
-    return tvm.transform.Sequential([apply_register_caps, pipeline, attach_cooperative_launch,
-                                     record_device_kernels]), host, device
+    return tvm.transform.Sequential([apply_register_caps, distinct_param_names, pipeline,
+                                     attach_cooperative_launch, record_device_kernels]), host, device
 
 
-TIR_PIPELINE = "souffle_tvm.recorded"   # register caps + TVM's s_tir pipeline + cooperative tag + kernel record
+# register caps + distinct parameter names + TVM's s_tir pipeline + cooperative tag + kernel record
+TIR_PIPELINE = "souffle_tvm.recorded"
 tirx.register_tir_pipeline(TIR_PIPELINE, _recording_pipeline)
 
 
 @contextlib.contextmanager
 def recording():
-    _recording.append([])
+    """The device kernels the recording TIR pipeline sees inside the ``with`` (a list it fills)."""
+    _recording.append(_Record())
     try:
-        yield _recording[-1]
+        yield _recording[-1].kernels
     finally:
         _recording.pop()
 

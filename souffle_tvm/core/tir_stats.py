@@ -4,6 +4,11 @@
   PrimFunc: instances (product of the block's iteration domains) × float ops in its store.
 * ``kernel_global_buffers``: the global buffers a lowered device kernel declares; their sizes
   are the kernel's compulsory traffic (each byte read or written at least once).
+
+Buffers are told apart by identity, and across lowering by parameter position, never by name:
+topi names an activation's input and output ``compute`` alike, so a group PrimFunc often has
+two parameters of one name (``distinct_param_names`` renames them before TVM lowers them, so
+that its device kernels' buffers can be traced back to their positions).
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ def heaviest_block(func: tirx.PrimFunc) -> tuple[str, int, int, int]:
     if blk is None:
         return "", 0, 0, 0
     foot = block_footprints(func, name)
-    written = sum(foot.get(w.source.name, 0) for w in blk.writes)
+    positions = param_positions(func)
+    written = sum(foot.get(positions.get(w.source), 0) for w in blk.writes)
     return name, flops, sum(foot.values()), written
 
 
@@ -108,23 +114,67 @@ def is_global(buf) -> bool:
     return str(buf.ty.storage_scope or "global") == "global"
 
 
-def kernel_global_buffers(kernel: tirx.PrimFunc) -> dict[str, int]:
-    """{buffer name: bytes} for the global buffers a device kernel declares over its pointer params."""
-    found: dict[str, int] = {}
+def param_positions(func: tirx.PrimFunc) -> dict:
+    """{parameter buffer: its position in ``func.params``} (keyed by identity)."""
+    return {p: i for i, p in enumerate(func.params) if hasattr(p.ty, "shape")}
+
+
+def distinct_param_names(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its buffer parameters renamed where two share a name (the second
+    ``compute`` becomes ``compute_1``): the same function, whose lowered kernels' buffers, which
+    keep their parameters' names, can be traced back to their positions."""
+    taken = {str(p.name) for p in func.params}
+    seen: set[str] = set()
+    subst = {}
+    for p in func.params:
+        name = str(p.name)
+        if name in seen and hasattr(p.ty, "shape"):
+            k = 1
+            while f"{name}_{k}" in taken:
+                k += 1
+            taken.add(f"{name}_{k}")
+            subst[p] = tirx.Var(f"{name}_{k}", p.ty)
+        seen.add(name)
+    if not subst:
+        return func
+    body = tvm_ffi.structural_map(func.body, (tirx.Var, lambda v: subst.get(v, v)))
+    return tirx.PrimFunc([subst.get(p, p) for p in func.params], body, attrs=func.attrs)
+
+
+def _kernel_keys(kernel: tirx.PrimFunc, positions: dict[str, int]) -> dict:
+    """{global buffer a device kernel declares: its key}: the launching PrimFunc's parameter
+    position (``positions``: name -> position, names made distinct by ``distinct_param_names``),
+    else the buffer's name (a scheduler's global scratch), made distinct where two share it."""
+    keys: dict = {}
 
     def decl(node):
         buf = node.buffer
-        if is_global(buf):
-            found[buf.name] = buffer_bytes(buf)
+        if not is_global(buf) or buf in keys:
+            return
+        key = positions.get(str(buf.name), str(buf.name))
+        taken = set(keys.values())
+        k = 1
+        while key in taken:            # never lose a buffer to a name it shares
+            key, k = f"{buf.name}#{k}", k + 1
+        keys[buf] = key
 
     tvm_ffi.structural_walk(kernel.body, (tirx.DeclBuffer, decl))
-    return found
+    return keys
 
 
-def kernel_stored_buffers(kernel: tirx.PrimFunc) -> set[str]:
-    names: set[str] = set()
-    tvm_ffi.structural_walk(kernel.body, (tirx.BufferStore, lambda s: names.add(s.buffer.name)))
-    return names
+def kernel_global_buffers(kernel: tirx.PrimFunc, positions: dict[str, int]) -> dict:
+    """{key: bytes} for the global buffers a device kernel declares over its pointer params, keyed
+    by the launching PrimFunc's parameter position (a name for global scratch; ``_kernel_keys``)."""
+    return {key: buffer_bytes(buf) for buf, key in _kernel_keys(kernel, positions).items()}
+
+
+def kernel_stored_buffers(kernel: tirx.PrimFunc, positions: dict[str, int]) -> set:
+    """The keys (as ``kernel_global_buffers``) of the global buffers a device kernel stores to."""
+    keys = _kernel_keys(kernel, positions)
+    stored: set = set()
+    tvm_ffi.structural_walk(kernel.body, (tirx.BufferStore, lambda s: stored.add(keys[s.buffer])
+                                          if s.buffer in keys else None))
+    return stored
 
 
 def launch_extents(kernel: tirx.PrimFunc) -> tuple[list[int], list[int]]:
@@ -166,8 +216,8 @@ def vars_in(*exprs) -> set:
     return seen
 
 
-def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[str, int]:
-    """{param buffer name: bytes} a PrimFunc touches, from its blocks' access regions (``only``:
+def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[int, int]:
+    """{parameter position: bytes} a PrimFunc touches, from its blocks' access regions (``only``:
     the block of that name alone).
 
     Each region is bounded as a box over the block's iteration domain. A dimension indexed by
@@ -175,9 +225,9 @@ def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[str, 
     select, not the whole dimension: a ``take`` of one row touches one row.
     """
     # Only buffers of static shape have a footprint to report (a legalized opaque op may be symbolic).
-    params = {p.name: p for p in func.params
+    params = {p: i for i, p in enumerate(func.params)
               if hasattr(p.ty, "shape") and all(hasattr(d, "value") for d in p.ty.shape)}
-    sizes: dict[str, int] = {}
+    sizes: dict[int, int] = {}
 
     def visit(blk):
         if only is not None and blk.name_hint != only:
@@ -188,10 +238,10 @@ def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[str, 
             ana.bind(iv.var, iv.dom)
             extents[iv.var] = extent(iv)
         for region in list(blk.reads) + list(blk.writes):
-            name = region.source.name
-            if name not in params:
+            pos = params.get(region.source)
+            if pos is None:
                 continue
-            shape = [int(d.value) for d in params[name].ty.shape]
+            shape = [int(d.value) for d in region.source.ty.shape]
             elems = 1
             for dim, rng in zip(shape, region.region):
                 ext = int(rng.extent.value) if hasattr(rng.extent, "value") else dim
@@ -203,10 +253,10 @@ def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[str, 
                 lo, hi = max(int(b.min_value), 0), min(int(b.max_value) + ext - 1, dim - 1)
                 elems *= max(hi - lo + 1, 0) if hi >= lo else dim
             # Several blocks touching one buffer: keep the largest box (an upper bound on the union).
-            sizes[name] = max(sizes.get(name, 0), min(elems, math.prod(shape)))
+            sizes[pos] = max(sizes.get(pos, 0), min(elems, math.prod(shape)))
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
-    return {n: e * dtype_bytes(params[n].ty.dtype) for n, e in sizes.items()}
+    return {pos: e * dtype_bytes(func.params[pos].ty.dtype) for pos, e in sizes.items()}
 
 
 _TENSOR_CORE_OPS = ("mma", "ldmatrix", "load_matrix_sync", "store_matrix_sync", "fill_fragment")
@@ -244,8 +294,9 @@ def stored_element_bytes(func: tirx.PrimFunc) -> int:
 
 def written_param_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of the buffer parameters ``func`` stores to: its outputs."""
-    stored = kernel_stored_buffers(func)
-    return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape") and p.name in stored)
+    stored: set = set()
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, lambda s: stored.add(s.buffer)))
+    return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape") and p in stored)
 
 
 def work_stages(func: tirx.PrimFunc, geometry: list[tuple[int, int]], nbytes: int, flops: int) -> list[Stage]:

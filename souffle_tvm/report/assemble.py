@@ -31,10 +31,11 @@ def _kernel_flops(kernels: list[DeviceKernel], flops: dict[str, int]) -> list[in
     return out
 
 
-def _kernel_bytes(kernel: DeviceKernel, footprint: dict[str, int]) -> int:
-    """Compulsory traffic of one launch: each global buffer's accessed footprint (whole size
-    where the unscheduled TIR has no region for it, e.g. scheduler-made temporaries)."""
-    return sum(min(footprint.get(name, size), size) for name, size in kernel.global_buffers.items())
+def _kernel_bytes(kernel: DeviceKernel, footprint: dict) -> int:
+    """Compulsory traffic of one launch: each global buffer's accessed footprint (``footprint``:
+    parameter position -> bytes; whole size where the unscheduled TIR has no region for it,
+    e.g. scheduler-made temporaries)."""
+    return sum(min(footprint.get(key, size), size) for key, size in kernel.global_buffers.items())
 
 
 def cuda_report(name: str, target, result: BuildResult, figures: dict | None, nvcc: dict) -> Report:
@@ -88,10 +89,9 @@ def add_stitched_work(result: BuildResult, stitched: list) -> None:
         calls = [st.function for st in k.stage_ids if st.region in (None, 0)]
         result.flops[k.function] = {f"{i}:{st}:{b}": f for i, st in enumerate(calls)
                                     for b, f in result.flops.get(st, {}).items()}
-        result.footprints[k.function] = {}
-        for st in calls:
-            for b, v in result.footprints.get(st, {}).items():
-                result.footprints[k.function][b] = result.footprints[k.function].get(b, 0) + v
+        # keyed by (stage, parameter position): every stage's buffers counted, none merged
+        result.footprints[k.function] = {f"{i}:{pos}": v for i, st in enumerate(calls)
+                                         for pos, v in result.footprints.get(st, {}).items()}
 
 
 def check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
