@@ -192,6 +192,24 @@ def launch_extents(kernel: tirx.PrimFunc) -> tuple[list[int], list[int]]:
     return grid, block
 
 
+def global_scratch_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of the global memory a scheduled PrimFunc allocates itself: what a function lowered
+    to several kernels passes between them (each byte written by one and read by another)."""
+    total = 0
+
+    def add(buf):
+        nonlocal total
+        if is_global(buf):
+            total += buffer_bytes(buf)
+
+    def block(blk):
+        for buf in blk.alloc_buffers:
+            add(buf)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, block), (tirx.AllocBuffer, lambda a: add(a.buffer))])
+    return total
+
+
 def primfunc_param_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of a PrimFunc's buffer parameters: what one call reads and writes at least once."""
     return sum(buffer_bytes(p) for p in func.params if hasattr(p.ty, "shape"))
@@ -216,18 +234,85 @@ def vars_in(*exprs) -> set:
     return seen
 
 
-def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[int, int]:
-    """{parameter position: bytes} a PrimFunc touches, from its blocks' access regions (``only``:
-    the block of that name alone).
+def _span(index, ext: int, dim: int, ana, extents: dict) -> tuple[int, int, int]:
+    """(lo, hi, values) of one dimension of an access: the interval it spans and how many of its
+    elements it can touch, at most one per combination of the iteration variables its index uses
+    (a stride-2 convolution's 2*i spans 2n - 1 elements and touches n). An index read from data
+    (take, gather) spans the whole dimension and touches as many rows as its variables select."""
+    used = vars_in(index)
+    if _uses_load(index):
+        return 0, dim - 1, min(dim, math.prod(extents.get(v, 1) for v in used) * ext)
+    b = ana.const_int_bound(index)
+    lo, hi = max(int(b.min_value), 0), min(int(b.max_value) + ext - 1, dim - 1)
+    values = max(hi - lo + 1, 0) if hi >= lo else dim
+    if all(v in extents for v in used):
+        values = min(values, math.prod(extents[v] for v in used) * ext)
+    return lo, hi, values
 
-    Each region is bounded as a box over the block's iteration domain. A dimension indexed by
-    loaded data (take, gather) counts as many rows as the iteration variables feeding it can
-    select, not the whole dimension: a ``take`` of one row touches one row.
+
+def _disjoint(a: list, b: list) -> bool:
+    return any(x[1] < y[0] or y[1] < x[0] for x, y in zip(a, b))
+
+
+def _union_elems(boxes: list[tuple[list, int]]) -> int:
+    """Elements in the union of boxes ((lo, hi) per dimension, elements touched): disjoint boxes
+    add up; overlapping ones merge into their bounding box, counting no more than it holds nor
+    than they touch together (an upper bound either way)."""
+    boxes = list(dict.fromkeys((tuple(spans), n) for spans, n in boxes))
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                (a, na), (b, nb) = boxes[i], boxes[j]
+                if not _disjoint(a, b):
+                    spans = tuple((min(x[0], y[0]), max(x[1], y[1])) for x, y in zip(a, b))
+                    boxes[j] = (spans, min(math.prod(hi - lo + 1 for lo, hi in spans), na + nb))
+                    del boxes[i]
+                    merged = True
+                    break
+            if merged:
+                break
+    return sum(n for _, n in boxes)
+
+
+def _body_accesses(blk) -> list:
+    """(buffer, indices) of every element access in a block's body and init, nested blocks aside."""
+    found = []
+
+    def visit(node):
+        if isinstance(node, s_tir.SBlock):
+            return tvm_ffi.WalkResult.SKIP
+        if isinstance(node, tvm.ir.TensorLoad):
+            found.append((node.source, list(node.indices)))
+        elif isinstance(node, tirx.BufferStore):
+            found.append((node.buffer, list(node.indices)))
+        return None
+
+    for part in (blk.body, blk.init):
+        if part is not None:
+            tvm_ffi.structural_walk(part, visit, order="pre")
+    return found
+
+
+def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[int, int]:
+    """{parameter position: bytes} a PrimFunc touches, from its blocks' accesses (``only``: the
+    block of that name alone).
+
+    Each access in a block's body is bounded as a box over the block's iteration domain
+    (``_span`` per dimension; a block whose body does not show its accesses of a buffer counts
+    its access region instead), and a buffer's boxes are united over every access of every
+    block (``_union_elems``): an LSTM cell reading its gates at offsets 0, 32 and 48 of one
+    vector, in one block or in three, touches 48 elements, where TVM's merged read region
+    spans 64 and the largest block's reads 16.
     """
     # Only buffers of static shape have a footprint to report (a legalized opaque op may be symbolic).
     params = {p: i for i, p in enumerate(func.params)
               if hasattr(p.ty, "shape") and all(hasattr(d, "value") for d in p.ty.shape)}
-    sizes: dict[int, int] = {}
+    boxes: dict[int, list] = {}
+
+    def add(pos: int, spans: list) -> None:
+        boxes.setdefault(pos, []).append(([(lo, hi) for lo, hi, _ in spans], math.prod(v for _, _, v in spans)))
 
     def visit(blk):
         if only is not None and blk.name_hint != only:
@@ -237,26 +322,26 @@ def block_footprints(func: tirx.PrimFunc, only: str | None = None) -> dict[int, 
         for iv in blk.iter_vars:
             ana.bind(iv.var, iv.dom)
             extents[iv.var] = extent(iv)
+        shown = set()
+        for buf, indices in _body_accesses(blk):
+            if buf in params:
+                shape = [int(d.value) for d in buf.ty.shape]
+                add(params[buf], [_span(i, 1, d, ana, extents) for i, d in zip(indices, shape)])
+                shown.add(params[buf])
         for region in list(blk.reads) + list(blk.writes):
             pos = params.get(region.source)
-            if pos is None:
+            if pos is None or pos in shown:
                 continue
             shape = [int(d.value) for d in region.source.ty.shape]
-            elems = 1
-            for dim, rng in zip(shape, region.region):
-                ext = int(rng.extent.value) if hasattr(rng.extent, "value") else dim
-                if _uses_load(rng.min):
-                    rows = math.prod(extents.get(v, 1) for v in vars_in(rng.min))
-                    elems *= min(dim, rows * ext)
-                    continue
-                b = ana.const_int_bound(rng.min)
-                lo, hi = max(int(b.min_value), 0), min(int(b.max_value) + ext - 1, dim - 1)
-                elems *= max(hi - lo + 1, 0) if hi >= lo else dim
-            # Several blocks touching one buffer: keep the largest box (an upper bound on the union).
-            sizes[pos] = max(sizes.get(pos, 0), min(elems, math.prod(shape)))
+            add(pos, [_span(rng.min, int(rng.extent.value) if hasattr(rng.extent, "value") else dim, dim, ana, extents)
+                      for dim, rng in zip(shape, region.region)])
 
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
-    return {pos: e * dtype_bytes(func.params[pos].ty.dtype) for pos, e in sizes.items()}
+    out = {}
+    for pos, found in boxes.items():
+        p = func.params[pos]
+        out[pos] = min(_union_elems(found), math.prod(int(d.value) for d in p.ty.shape)) * dtype_bytes(p.ty.dtype)
+    return out
 
 
 _TENSOR_CORE_OPS = ("mma", "ldmatrix", "load_matrix_sync", "store_matrix_sync", "fill_fragment")

@@ -17,7 +17,7 @@ from ..core import progress
 from ..core.targets import describe, is_cuda, make_target
 from ..errors import LoweringError
 from ..frontend.importer import ImportedModel, import_onnx
-from ..report import assemble, predicted
+from ..report import assemble, counted, predicted
 from ..report.schema import Report
 from . import results
 from .building import build_and_report
@@ -48,7 +48,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             nvcc: bool = True, level: str = AUTO, gemm_k_tile: int | None = None,
             partitioner: str | None = None, reduction: str = "deterministic",
             database: str | None = None, bind: dict | None = None, cuda_graph: bool = False,
-            gemm_tile: int | None = None) -> Compiled:
+            gemm_tile: int | None = None, count_traffic: bool = False) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -62,6 +62,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     ``gemm_k_tile``, ``gemm_tile``, ``partitioner``, ``reduction``, ``database``: see :class:`Options`.
     ``bind``: model inputs fixed to values at compile time ({name: value}; ``frontend.binding``).
     ``cuda_graph``: build with TVM's CUDA-graph rewriting (``build.cuda_graph``; CUDA only).
+    ``count_traffic``: run the built kernels in the GPU emulator and put the counted traffic
+    beside the analytic bytes (``report.counted``; CUDA only, and slow on large models).
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile).check(tgt)
@@ -112,11 +114,16 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             if database is not None:
                 report.database = database
                 assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
+    if count_traffic and is_cuda(tgt):
+        stitched = souffle.stitched if souffle is not None else []
+        counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
+                      imported.params, result.footprints, stitched)
     predicted.add_latency(report)
     compiled = Compiled(imported, tgt, result.executable, report, src)
     if auto and souffle is not None and is_cuda(tgt) and report.latency:
         progress.step("TVM's own build, to compare predicted times")
-        compiled = _faster_of(compiled, compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph))
+        compiled = _faster_of(compiled, compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph,
+                                                count_traffic=count_traffic))
     progress.clear()     # the caller prints next: no half line of progress in front of it
     return compiled
 

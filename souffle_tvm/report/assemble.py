@@ -111,14 +111,17 @@ def check_coresidency(report: Report, arch: str, raise_: bool = True) -> None:
 
 def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     """Per stage of stitched kernel ``sk``: the tiles and threads it would launch as a kernel of its
-    own, its bytes and flops (a stage function lowered to several launch regions counts them
-    on its first), and whether it runs on tensor cores."""
+    own, its bytes and flops (a stage function lowered to several launch regions counts them,
+    and the global scratch it passes between them, on its first), and whether it runs on
+    tensor cores."""
     plan = []
     for st, geometry in zip(sk.stage_ids, sk.geometry):
         first = st.region in (None, 0)
-        nbytes = sum(result.footprints.get(st.function, {}).values()) if first else 0
-        flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         func = sk.stage_funcs.get(st.function, stage_funcs.get(st.function))   # at the kernel's block size
+        # a function lowered to several launch regions passes data between them in global scratch
+        scratch = tir_stats.global_scratch_bytes(func) if func is not None and st.region == 0 else 0
+        nbytes = sum(result.footprints.get(st.function, {}).values()) + scratch if first else 0
+        flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
         if not first:      # only a function's first region carries what it stores
@@ -164,8 +167,8 @@ def with_stitched_facts(report: Report, result: BuildResult, stitched: list, uns
             kr.stages, kr.grid_syncs = sk.stages, sk.grid_syncs
             kr.prefetched_bytes = sk.prefetched_bytes or None
             kr.min_blocks = sk.min_blocks
-            kr.bytes = sum(result.footprints[sk.function].values())
             kr.stage_plan = stage_plan(result, sk, stage_funcs)
+            kr.bytes = sum(st["bytes"] for st in kr.stage_plan)     # its stages' footprints
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
     return report
 

@@ -32,7 +32,12 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
                    ``tensor_core``, ``written_bytes``, ``elem_bytes``; stitched kernels
                    ``stage_plan`` (per stage: tiles and threads it would launch alone, bytes,
                    written_bytes, flops, tensor_core, elem_bytes), what the latency model reads;
-                   ``min_blocks`` where the kernel's registers are capped (``__launch_bounds__``)
+                   ``min_blocks`` where the kernel's registers are capped (``__launch_bounds__``);
+                   ``counted`` where the kernels were run in the emulator (``souffle-tvm compile
+                   --count-traffic``, small models): distinct_bytes (each byte read or written
+                   once), written_bytes, warp requests, 32-byte sectors and sectors_per_request
+                   (4 for coalesced fp32, 32 when each lane reads another row), sectors_exact,
+                   shared_accesses, calls; stitched kernels per stage too (``stages``)
 cuda_graph         built with ``--cuda-graph`` (TVM's ``relax.backend.use_cuda_graph``): graph
                    ``replays``, ``captured_launches`` and ``launches_outside`` per inference;
                    each kernel's ``launches_outside_graph``
@@ -48,6 +53,10 @@ rule_failures      souffle only: how many times a schedule rule raised on a grou
                    group's ``schedule_notes`` names the rules passed over for it and why
 reductions         souffle v3/v4: the two-phase transform's record, ``split`` (reduction ->
                    form) and ``kept`` (each other GEMM-fed row reduction -> why it stayed whole)
+counted            with ``--count-traffic`` (CUDA; the kernels run in the GPU emulator, small
+                   models): ``bytes`` (Σ launches × counted distinct bytes), ``sector_bytes``
+                   (what L1/L2 serve), ``analytic_held`` (how many analytic figures equal their
+                   counts, ``report.counted``) and the ``differences``
 =================  ==========================================================================
 """
 
@@ -84,6 +93,7 @@ class KernelReport:
     stage_plan: list[dict] | None = None  # stitched kernels: per stage tiles, threads, bytes, flops, tensor_core
     launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
     min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
+    counted: dict | None = None          # traffic counted in the emulator (``report.counted``), where it was run
 
 
 @dataclass
@@ -109,6 +119,7 @@ class Report:
     latency: dict | None = None          # CUDA: the latency model's prediction (an estimate)
     cuda_graph: dict | None = None       # built with TVM's CUDA-graph rewriting: replays, launches in/outside
     reductions: dict | None = None       # souffle v3+: two-phase {"split": {name: form}, "kept": {name: why}}
+    counted: dict | None = None          # traffic counted in the emulator (``--count-traffic``): totals, differences
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

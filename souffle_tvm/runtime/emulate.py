@@ -32,6 +32,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..core.ir_names import STAGE_BLOCKS
 from ..errors import EmulationError
 from ..te.rewrite import cast_like, dtype_of, uses
 from ..stitch.dependence import ATOMIC_ADD
@@ -147,6 +148,8 @@ class _Block:
         if isinstance(stmt, tirx.AllocBuffer):
             return self._alloc(stmt.buffer)
         if isinstance(stmt, tirx.For) and not uses(stmt.min, tv) and not uses(stmt.extent, tv):
+            if self.probe is not None and STAGE_BLOCKS in stmt.annotations:
+                self.probe.stage()
             return tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, self.run(stmt.body))
         if isinstance(stmt, tirx.IfThenElse) and not uses(stmt.condition, tv):
             return tirx.IfThenElse(stmt.condition, self.run(stmt.then_case),
@@ -397,7 +400,8 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
                      reverse: bool = False, probe=None, prefetches=None) -> tirx.PrimFunc:
     """A CPU PrimFunc with the GPU semantics of ``func`` (a scheduled PrimFunc or a stitched kernel);
     ``reverse`` runs each phase's blocks last to first. ``probe`` (``race_probe.Probe``, used by
-    ``runtime.races``) adds the race checker: orders chosen at run time, every access checked.
+    ``runtime.races``) adds the race checker: orders chosen at run time, every access checked;
+    (``traffic_probe.TrafficProbe``, used by ``runtime.traffic``) the traffic counter.
     V4's prefetch loops are dropped, or with ``prefetches`` (``prefetch_probe.PrefetchProbe``)
     run as records of the lines they name, next to the lines each phase reads of those buffers."""
     func = strip_prefetch(func) if prefetches is None else prefetches.mark(func)
@@ -420,6 +424,8 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
             if fill is not None:
                 body.append(fill)
         elif isinstance(item, tirx.AttrStmt) and item.attr_key == "thread_extent":
+            if probe is not None:
+                probe.launch()
             body.append(_launch(item, reverse, probe, prefetches))
         else:
             raise EmulationError(f"{name}: a statement outside any launch region ({type(item).__name__})")

@@ -12,8 +12,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..stitch.kernel_ir import op_name
-from ..te.rewrite import dtype_of
+from ..stitch.kernel_ir import decompose, op_name
+from ..te.rewrite import cast_like, dtype_of
 from .emulate import emulate_primfunc
 from .runner import run_vm
 
@@ -35,6 +35,15 @@ def seq(stmts: list) -> tirx.Stmt:
 
 def numel(buf) -> int:
     return math.prod(int(e) for e in buf.ty.shape)
+
+
+def on_flat_block(block: tirx.Var, blocks: dict, body: tirx.Stmt) -> tuple[tirx.Stmt, int]:
+    """``body`` (one emulated block of a phase) with its block coordinates read off the flat block
+    index ``block`` (x fastest; ``blocks``: tag -> (var, extent)), and how many blocks there are."""
+    order = [blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in blocks]
+    coords = decompose(block, [(v, i64(e)) for v, e in order])
+    body = tvm_ffi.structural_map(body, (tirx.Var, lambda v: cast_like(coords[v], v) if v in coords else v))
+    return body, math.prod(e for _, e in order)
 
 
 def guarded_loads(expr, wanted) -> list:

@@ -37,9 +37,9 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..errors import EmulationError
-from ..te.rewrite import cast_like, dtype_of
-from ..stitch.kernel_ir import decompose, op_name
-from .instrumented import as64, guarded_loads, i64, numel, seq
+from ..te.rewrite import dtype_of
+from ..stitch.kernel_ir import op_name
+from .instrumented import as64, guarded_loads, i64, numel, on_flat_block, seq
 
 REPORT, ORDER = "souffle_tvm.races.report", "souffle_tvm.races.order"
 LOG_COLUMNS = ("code", "index", "word", "who", "block")     # a row of the log: see decode
@@ -147,6 +147,12 @@ class Probe:
         self.names.append(str(buf.name))
 
     # -- hooks while emulating ------------------------------------------------------------------------
+    def launch(self) -> None:
+        """The next launch region starts: its phases are numbered on from the last one's."""
+
+    def stage(self) -> None:
+        """The next stitched stage loop starts: races are checked across stages alike."""
+
     def shared(self, buf) -> None:
         """A block's copy of a shared buffer: checked between its threads only."""
         self._track(buf, False)
@@ -155,11 +161,7 @@ class Probe:
         """One grid-sync phase: ``run()`` emulates one block; it runs for every block, in table order."""
         self.phase_no += 1
         self.block = tirx.Var(f"block{self.phase_no}", _I64)
-        body = run()
-        order = [blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in blocks]
-        coords = decompose(self.block, [(v, i64(e)) for v, e in order])
-        body = tvm_ffi.structural_map(body, (tirx.Var, lambda v: cast_like(coords[v], v) if v in coords else v))
-        n = math.prod(e for _, e in order)
+        body, n = on_flat_block(self.block, blocks, run())
         table = self._table("blocks", n)
         i = tirx.Var("i", _I64)
         return tirx.For(i, i64(0), i64(n), tirx.ForKind.SERIAL,
