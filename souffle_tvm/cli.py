@@ -17,7 +17,7 @@ import numpy as np
 
 from .core import progress
 from . import zoo
-from .errors import SouffleError, SouffleWarning
+from .errors import DynamicShapeError, SouffleError, SouffleWarning, UnknownInputError
 from .frontend.binding import parse_bind
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -62,15 +62,23 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "blocks = one kernel per attention / FFN block")
 
 
+SHAPES_FORM = "NAME:DxD... with each D a whole size of 1 or more, e.g. x:1x128; items separated by commas"
+
+
 def _parse_shapes(text: str | None) -> dict | None:
+    """``--input-shapes NAME:DxD,...`` as {name: dims}."""
     if not text:
         return None
     shapes = {}
     for item in text.split(","):
         name, _, dims = item.rpartition(":")
-        if not name or not dims:
-            raise SouffleError(f"--input-shapes item {item!r} is not NAME:DIMxDIM...")
-        shapes[name] = tuple(int(d) for d in dims.split("x"))
+        try:
+            shape = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            shape = ()
+        if not name or not shape or min(shape) < 1:
+            raise SouffleError(f"--input-shapes {item!r}: expected {SHAPES_FORM}")
+        shapes[name] = shape
     return shapes
 
 
@@ -122,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action="store_true",
                    help="CUDA: build with TVM's CUDA-graph rewriting (kernels on static buffers replayed from "
                         "graphs; the report counts the launches left outside)")
+    p.add_argument("--count-traffic", action="store_true",
+                   help="CUDA: run the built kernels in the GPU emulator (on the CPU) and report the traffic they "
+                        "execute beside the analytic bytes: distinct bytes, 32-byte sectors per warp request "
+                        "(coalescing), shared-memory accesses (small models: it takes seconds to minutes)")
     p.add_argument("--database", default=None, metavar="DIR",
                    help="--fusion souffle: apply the tuned schedules `souffle-tvm tune` wrote to DIR "
                         "(stages it does not hold keep the default rules; the report says which)")
@@ -279,8 +291,12 @@ def cmd_compile(args) -> int:
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
                              reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
-                             cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile)
+                             cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile, count_traffic=args.count_traffic)
     print(compiled.report.table())
+    if compiled.report.counted:
+        c = compiled.report.counted
+        print(f"\ncounted in the emulator: {c['bytes'] / 1e6:.3f} MB distinct, {c['sector_bytes'] / 1e6:.3f} MB in "
+              f"sectors; analytic bytes held: {c['analytic_held']}")
     print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
         compiled.report.save(args.report)
@@ -324,27 +340,29 @@ def cmd_run(args) -> int:
     device = runner.cuda_device() if args.target == "cuda" else None    # no GPU: say so before compiling
     if device is not None and args.model.endswith(".so"):
         raise SouffleError("run --target cuda compiles the model: give the .onnx file or the zoo name")
+    given = f"--inputs {args.inputs}"
     if args.model.endswith(".so"):
         if args.check:
             raise SouffleError("--check needs the ONNX model: run it on the .onnx file or the zoo name")
         executable, params, inputs, output_names = _load_library(args.model)
+        if feeds is not None:
+            runner.check_given({i.name: i.dtype for i in inputs}, feeds, given)
         model = None
     else:
+        from .frontend.binding import bind_inputs
+        from .frontend.importer import graph_inputs, input_types, load_model, shapes_from_arrays
         from .pipeline.driver import compile as compile_model
 
         shapes = _parse_shapes(args.input_shapes)
+        onnx_model = bind_inputs(load_model(args.model, args.small, args.dtype)[1], parse_bind(args.bind))
         if feeds is not None:
-            # Dynamic input dims take the given arrays' shapes; --input-shapes still wins.
-            from .frontend.importer import load_model, shapes_from_arrays
-
-            shapes = {**shapes_from_arrays(load_model(args.model, args.small, args.dtype)[1], feeds),
-                      **(shapes or {})}
+            # Arrays that do not fit the model are refused before compiling; dynamic input dims
+            # take the given arrays' shapes, though --input-shapes still wins.
+            runner.check_given(input_types(onnx_model), feeds, given)
+            shapes = {**shapes_from_arrays(onnx_model, feeds), **(shapes or {})}
+            runner.check_feeds(graph_inputs(onnx_model, shapes), feeds)
         else:
             # seeded inputs of the shapes asked for must fit in memory: say so before compiling
-            from .frontend.binding import bind_inputs
-            from .frontend.importer import graph_inputs, load_model
-
-            onnx_model = bind_inputs(load_model(args.model, args.small, args.dtype)[1], parse_bind(args.bind))
             runner.check_memory(graph_inputs(onnx_model, shapes))
         compiled = compile_model(args.model, args.target, args.fusion, small=args.small, dtype=args.dtype,
                                  shapes=shapes, level=args.level, bind=parse_bind(args.bind))
@@ -365,7 +383,10 @@ def cmd_run(args) -> int:
         print(f"outputs: {args.outputs}")
     if not args.check:
         return EXIT_OK
-    ref_name, ref = runner.reference_outputs(model, {i.name: a for i, a in zip(inputs, ordered)})
+    try:
+        ref_name, ref = runner.checked_reference(model, {i.name: a for i, a in zip(inputs, ordered)})
+    except SouffleError as err:
+        raise SouffleError(f"--check: {err}; the outputs above are unchecked (run without --check)") from None
     tol = args.tolerance or runner.default_tolerance(inputs[0].dtype if inputs else "float32")
     ok = True
     for c in runner.compare(output_names, outs, ref):
@@ -397,13 +418,32 @@ def main(argv: list[str] | None = None) -> int:
         return _run(handlers.get(args.command) or args.handler, args)
 
 
+def _for_the_cli(err: Exception) -> str:
+    """The error's message, in the CLI's terms where the library phrases it for Python
+    (``shapes={...}`` is ``--input-shapes NAME:DxD`` here)."""
+    if isinstance(err, DynamicShapeError) and err.dynamic:
+        name, dims = next(iter(err.dynamic.items()))
+        i = next(i for i, d in enumerate(dims) if isinstance(d, str))
+        forms = ",".join(f"{n}:{'x'.join('D' if isinstance(d, str) else str(d) for d in ds)}"
+                         for n, ds in err.dynamic.items())
+        return (f"input {name!r} has a dynamic dimension {i} ({dims[i]!r}); souffle-tvm compiles static shapes "
+                f"only: give {'its shape' if len(err.dynamic) == 1 else 'their shapes'} with --input-shapes "
+                f"{forms} (each D a size of 1 or more), or export the model with fixed sizes")
+    if isinstance(err, UnknownInputError) and err.names:
+        one = len(err.names) == 1
+        return (f"--input-shapes: {', '.join(map(repr, err.names))} {'is not an input' if one else 'are not inputs'} "
+                f"of the model; its inputs are: {', '.join(err.inputs) or 'none'}")
+    return str(err)
+
+
 def _run(handler, args) -> int:
     try:
         return handler(args)
     except (SouffleError, OSError, ValueError, KeyError) as err:
         # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
         progress.clear()
-        print(f"souffle-tvm: error: {err}", file=sys.stderr)
+        # one line, whatever the message held (some libraries' messages run over several)
+        print(f"souffle-tvm: error: {' '.join(_for_the_cli(err).split())}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         return 130

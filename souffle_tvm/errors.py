@@ -14,7 +14,25 @@ class UnsupportedOperatorError(SouffleError):
 
 
 class DynamicShapeError(SouffleError):
-    """A model input has a dimension that is not a fixed number."""
+    """A model input has a dimension that is not a fixed number.
+
+    ``dynamic``, where the cause is the model's inputs: each input left dynamic, by name, with
+    its dims (a number, or the label of a dynamic dim), so a front end can say how to fix them
+    in its own terms (the CLI's ``--input-shapes``).
+    """
+
+    def __init__(self, message: str, dynamic: dict[str, tuple[int | str, ...]] | None = None):
+        super().__init__(message)
+        self.dynamic = dynamic or {}
+
+
+class UnknownInputError(SouffleError):
+    """Shapes were given for names that are not inputs of the model (``names``; the model's
+    inputs are ``inputs``)."""
+
+    def __init__(self, message: str, names: list[str] | None = None, inputs: list[str] | None = None):
+        super().__init__(message)
+        self.names, self.inputs = list(names or []), list(inputs or [])
 
 
 class ToolchainError(SouffleError):

@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -20,9 +23,8 @@ from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
 from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn
-from .onnx_graph import NP_DTYPES
-from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnsupportedOperatorError
-
+from .onnx_graph import NP_DTYPES, check_structure
+from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnknownInputError, UnsupportedOperatorError
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,13 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
     if isinstance(source, onnx.ModelProto):
         return source.graph.name or "model", source
     path = os.fspath(source)
-    if not os.path.exists(path) and path in zoo.MODELS:
+    if not os.path.isfile(path) and path in zoo.MODELS:
         name = path + ("-small" if small else "") + ("-fp16" if dtype == "float16" else "")
         return name, zoo.build(path, small=small, dtype=dtype)
     if not os.path.exists(path):
         raise ModelLoadError(f"{path}: no such file, and not a zoo model ({', '.join(zoo.names())})")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a folder; give an .onnx file (or a zoo model name)")
     try:
         with open(path, "rb") as f:
             model = onnx.load_model_from_string(f.read())
@@ -80,6 +84,13 @@ def _load_external_data(model: onnx.ModelProto, path: str) -> None:
 
     if not any(uses_external_data(t) for t in model.graph.initializer):
         return
+    folder = os.path.dirname(os.path.abspath(path))
+    for t in model.graph.initializer:
+        location = next((e.value for e in t.external_data if e.key == "location"), None) \
+            if uses_external_data(t) else None
+        if location and not os.path.isfile(os.path.join(folder, location)):
+            raise ModelLoadError(f"{path}: its weights are stored in a separate file, {location}, which is missing "
+                                 f"from {folder} (keep it beside the model)")
     try:
         load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     except (OSError, ValueError, onnx.checker.ValidationError) as err:
@@ -88,13 +99,19 @@ def _load_external_data(model: onnx.ModelProto, path: str) -> None:
 
 
 def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None) -> list[TensorInfo]:
-    """The model's true inputs (initializers excluded), with static shapes or a DynamicShapeError."""
+    """The model's true inputs (initializers excluded), with static shapes; a DynamicShapeError
+    where one is left dynamic, an UnknownInputError where ``shapes`` names no input."""
     shapes = shapes or {}
     inits = {t.name for t in model.graph.initializer}
-    infos = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
+    true_inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    unknown = [n for n in shapes if n not in {vi.name for vi in true_inputs}]
+    if unknown:
+        listed = ", ".join(repr(vi.name) for vi in true_inputs) or "none"
+        raise UnknownInputError(f"shapes given for {', '.join(map(repr, unknown))}, which the model does not "
+                                f"have as input{'s' if len(unknown) > 1 else ''} (its inputs: {listed})",
+                                unknown, [vi.name for vi in true_inputs])
+    infos, dynamic = [], {}
+    for vi in true_inputs:
         tt = vi.type.tensor_type
         dtype = NP_DTYPES.get(tt.elem_type)
         if dtype is None:
@@ -103,17 +120,69 @@ def graph_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         if vi.name in shapes:
             infos.append(TensorInfo(vi.name, tuple(int(d) for d in shapes[vi.name]), dtype))
             continue
-        dims = []
-        for i, d in enumerate(tt.shape.dim):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                label = d.dim_param or "?"
-                raise DynamicShapeError(
-                    f"input {vi.name!r} has a dynamic dimension {i} ({label!r}); souffle-tvm compiles "
-                    f"static shapes only: export with fixed sizes or give the shape "
-                    f"(shapes={{'{vi.name}': (...)}})")
-            dims.append(d.dim_value)
-        infos.append(TensorInfo(vi.name, tuple(dims), dtype))
+        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                     for d in tt.shape.dim)
+        if any(isinstance(d, str) for d in dims):
+            dynamic[vi.name] = dims
+        infos.append(TensorInfo(vi.name, dims, dtype))
+    if dynamic:
+        name, dims = next(iter(dynamic.items()))
+        i = next(i for i, d in enumerate(dims) if isinstance(d, str))
+        raise DynamicShapeError(
+            f"input {name!r} has a dynamic dimension {i} ({dims[i]!r}); souffle-tvm compiles "
+            f"static shapes only: export with fixed sizes or give the shape "
+            f"(shapes={{'{name}': (...)}})", dynamic)
     return infos
+
+
+def input_types(model: onnx.ModelProto) -> dict[str, str]:
+    """The model's true inputs (initializers excluded) by name, with their numpy dtype names
+    (``"?"`` for an element type the importer does not take)."""
+    inits = {t.name for t in model.graph.initializer}
+    return {vi.name: NP_DTYPES.get(vi.type.tensor_type.elem_type, "?") for vi in model.graph.input
+            if vi.name not in inits}
+
+
+def check_opsets(name: str, model: onnx.ModelProto) -> None:
+    """Refuse a default-domain opset newer than the installed onnx knows: its operators'
+    meaning (and onnxruntime's) is unknown, and TVM's converters would silently apply the
+    newest rules they have."""
+    newest = onnx.defs.onnx_opset_version()
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and imp.version > newest:
+            raise ModelLoadError(f"{name}: the model imports opset {imp.version} of the default ONNX domain; "
+                                 f"this importer knows opsets up to {newest} (onnx {onnx.__version__}): "
+                                 f"export with opset {newest} or older")
+
+
+@contextlib.contextmanager
+def native_stderr_held() -> Iterator[None]:
+    """Hold back what is written to file descriptor 2 (TVM's C++ log, onnxruntime's) during the
+    block: replayed if the block succeeds, dropped if it raises, so that a refusal's one-line
+    message is not surrounded by the warnings the failure left (a half-built BlockBuilder's)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):       # no usable fd 2 (a closed or replaced stderr): hold nothing
+        saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                held.seek(0)
+                text = held.read()
+                if text:
+                    os.write(2, text)
 
 
 def shapes_from_arrays(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -262,6 +331,8 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     if fp16_accumulation not in ("float16", "float32"):
         raise ValueError(f"fp16_accumulation {fp16_accumulation!r}: 'float16' or 'float32'")
     name, model = load_model(source, small=small, dtype=dtype)
+    check_opsets(name, model)
+    check_structure(name, model.graph)
     model = binding.bind_inputs(model, bind or {})
     model = _typed_outputs(name, model)
     try:
@@ -284,21 +355,22 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
                    for t in converted.graph.initializer)
     converted = _as_tvm_reads_it(converted)
     failure = None
-    try:
-        with _project_converters(fp16_accumulation):
-            mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
-                            dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
-    except SouffleError:
-        raise
-    except Exception as err:  # TVM raises many types; name the failure
-        failure = (f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
-                   f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}")
-    if failure is not None:
-        # Raised outside the handler, so nothing keeps the failed import's frames alive: its
-        # half-built BlockBuilder goes now, and TVM's "destroyed with remaining blocks" warning
-        # comes before our message instead of after it.
-        gc.collect()
-        raise UnsupportedOperatorError(failure)
+    with native_stderr_held():
+        try:
+            with _project_converters(fp16_accumulation):
+                mod = from_onnx(converted, shape_dict={i.name: list(i.shape) for i in inputs},
+                                dtype_dict={i.name: i.dtype for i in inputs}, keep_params_in_input=True)
+        except SouffleError:
+            raise
+        except Exception as err:  # TVM raises many types; name the failure
+            failure = (f"{name}: TVM's ONNX importer failed: {type(err).__name__}: "
+                       f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}")
+        if failure is not None:
+            # Outside the handler nothing keeps the failed import's frames alive: its half-built
+            # BlockBuilder goes now, while stderr is held, and TVM's "destroyed with remaining
+            # blocks" warning is dropped with it rather than printed around our message.
+            gc.collect()
+            raise UnsupportedOperatorError(failure)
     try:
         mod, weights = _bind_integer_params(*relax.frontend.detach_params(mod), fold=has_ints)
     except Exception as err:  # noqa: BLE001 - TVM's folding asserts on shapes it cannot evaluate

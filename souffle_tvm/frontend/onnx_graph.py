@@ -1,11 +1,14 @@
 """What the folding and the control-flow passes both read off an ONNX graph: which node inputs
-must be constants, the graph's constant values, and the model inputs a tensor depends on."""
+must be constants, the graph's constant values, and the model inputs a tensor depends on; and
+the structure every import checks first (one producer per tensor, no cycle)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from ..errors import ModelLoadError
 
 # Inputs (by position) that TVM's importer needs as constants, with what they mean.
 SHAPE_INPUTS: dict[str, dict[int, str]] = {
@@ -57,3 +60,48 @@ NP_DTYPES = {
     onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool",
     onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
 }
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type}, unnamed)"
+
+
+def check_structure(name: str, graph: onnx.GraphProto) -> None:
+    """Refuse, naming the nodes, a graph in which two nodes write one tensor or whose nodes
+    form a cycle (the checker reports both only as an unsorted or non-SSA graph)."""
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if not out:
+                continue
+            if out in producer:
+                first = producer[out]
+                raise ModelLoadError(f"{name}: tensor {out!r} is written by two nodes, "
+                                     f"{_node_label(graph.node[first], first)} and {_node_label(node, i)}; "
+                                     "each tensor must have one producer")
+            producer[out] = i
+    preds = [{producer[t] for t in node.input if t in producer} for node in graph.node]
+    # Kahn's order: what never becomes ready lies on a cycle or after one
+    users: dict[int, list[int]] = {}
+    for i, ps in enumerate(preds):
+        for p in ps:
+            users.setdefault(p, []).append(i)
+    waiting = [len(ps) for ps in preds]
+    ready = [i for i, n in enumerate(waiting) if n == 0]
+    while ready:
+        for u in users.get(ready.pop(), []):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    stuck = {i for i, n in enumerate(waiting) if n}
+    if not stuck:
+        return
+    # every stuck node has a stuck predecessor: walking back from one must close a cycle
+    walk, seen = [min(stuck)], {}
+    while walk[-1] not in seen:
+        seen[walk[-1]] = len(walk) - 1
+        walk.append(min(p for p in preds[walk[-1]] if p in stuck))
+    cycle = walk[seen[walk[-1]]:][::-1]
+    path = " -> ".join(_node_label(graph.node[i], i) for i in cycle)
+    raise ModelLoadError(f"{name}: the graph has a cycle: {path}; an ONNX graph must be acyclic "
+                         "(repetition is written with Loop or Scan)")

@@ -6,19 +6,21 @@ The reference is onnxruntime (a test-only dependency); where it is not installed
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import re
 
 import numpy as np
 import tvm
 from tvm import relax
 
 from ..errors import SouffleError
-from ..frontend.importer import TensorInfo
+from ..frontend.importer import TensorInfo, native_stderr_held
 from .numerics import Comparison, compare, default_tolerance, random_inputs, reference_outputs
 
 __all__ = ["Comparison", "compare", "default_tolerance", "random_inputs", "reference_outputs",
-           "check_feeds", "check_memory", "run_vm"]
+           "check_feeds", "check_given", "check_memory", "checked_reference", "run_vm"]
 
 
 def available_memory() -> int:
@@ -66,6 +68,39 @@ def check_feeds(infos: list[TensorInfo], feeds: dict[str, np.ndarray]) -> list[n
             raise SouffleError(f"input {info.name!r} has shape {arr.shape}, the model expects {info.shape}")
         ordered.append(arr.astype(info.dtype, copy=False))
     return ordered
+
+
+def check_given(types: dict[str, str], feeds: dict[str, np.ndarray], source: str = "the given inputs") -> None:
+    """Refuse given arrays that do not fit the model's inputs (``types``: name -> dtype) by
+    name or dtype, as onnxruntime would, before anything is compiled; ``source`` names where
+    they came from (``--inputs FILE``). Unlike :func:`check_feeds`, no dtype is cast."""
+    extra = [k for k in feeds if k not in types]
+    if extra:
+        one = len(extra) == 1
+        raise SouffleError(f"{source}: {', '.join(map(repr, extra))} {'is not an input' if one else 'are not inputs'} "
+                           f"of the model (its inputs: {', '.join(types) or 'none'})")
+    missing = [k for k in types if k not in feeds]
+    if missing:
+        raise SouffleError(f"{source}: no array for input{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(map(repr, missing))} (it holds {', '.join(feeds) or 'none'})")
+    for name, dtype in types.items():
+        given = np.asarray(feeds[name]).dtype
+        if dtype != "?" and given != np.dtype(dtype):
+            raise SouffleError(f"{source}: input {name!r} is {given}, the model expects {dtype} "
+                               f"(save it as {dtype})")
+
+
+def checked_reference(model, feeds: dict[str, np.ndarray]) -> tuple[str, list[np.ndarray]]:
+    """:func:`reference_outputs`, or a SouffleError saying that the reference runtime could not
+    run the model (an opset or operator form it lacks); its own log lines are kept off stderr."""
+    try:
+        with native_stderr_held():
+            return reference_outputs(model, feeds)
+    except Exception as err:  # noqa: BLE001 - onnxruntime's errors share no base class but Exception
+        text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : ", "", text).rstrip(".")
+        runtime = "onnxruntime" if importlib.util.find_spec("onnxruntime") else "the ONNX reference evaluator"
+        raise SouffleError(f"the reference runtime ({runtime}) could not run the model: {text[:300]}") from None
 
 
 def run_vm(executable, params: list[np.ndarray], inputs: list[np.ndarray], device=None) -> list[np.ndarray]:

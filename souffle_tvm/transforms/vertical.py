@@ -8,7 +8,8 @@ P is kept, with a recorded reason, when inlining would change what runs or repea
 it is a model output or feeds an opaque op; or it does arithmetic and some consumer reads
 each of its elements more than once (a GEMM reading a GELU output would recompute it
 per output column) — such a stage stays and becomes its producer's *epilogue* in the
-partition (fused at its store, computed once).
+partition (fused at its store, computed once); or a chain of :data:`MAX_COMPOSED` stages is
+composed into it already (a long element-wise chain is cut into expressions of that depth).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from tvm import te, tirx
 from ..te import analysis, rewrite as te_rewrite
 from ..core import tir_stats
 from ..te.program import TEProgram, consumers_of
+
+# The most stages composed into one expression. Composing recurses once per stage (our
+# substitution, TVM's simplifier and code generators), so an unbounded chain (thousands of
+# element-wise nodes) would exhaust the stack; a cut every 64 stages costs one store and load.
+MAX_COMPOSED = 64
 
 
 @dataclass
@@ -38,13 +44,19 @@ def _is_index_map(op) -> bool:
 def _effective_reads(op, users: dict, composed: set) -> list[tuple[str, float]]:
     """(consumer, reuse) pairs for ``op`` once the index-map stages it feeds are composed away."""
     out = []
-    for u in users.get(op, []):
-        if u in composed:
-            out.extend(_effective_reads(u, users, composed))
-            continue
-        for prod, idx in te_rewrite.loads(u.body[0]):
-            if prod.op == op:
-                out.append((u.name, analysis.access_pattern(u, prod, idx)[1]))
+    # depth-first through the composed stages with a stack of their pending users: a chain of
+    # thousands of index-map stages must not recurse as deep
+    stack = [(op, iter(users.get(op, [])))]
+    while stack:
+        producer, pending = stack[-1]
+        u = next(pending, None)
+        if u is None:
+            stack.pop()
+        elif u in composed:
+            stack.append((u, iter(users.get(u, []))))
+        else:
+            out.extend((u.name, analysis.access_pattern(u, prod, idx)[1])
+                       for prod, idx in te_rewrite.loads(u.body[0]) if prod.op == producer)
     return out
 
 
@@ -114,13 +126,18 @@ def vertical(prog: TEProgram) -> VerticalResult:
 
     names = analysis.stage_names(stages)
     composed_flops: dict = {}
+    depth: dict = {}         # op -> stages its expression composes (itself and inlined producers)
     for t in stages:
         op = t.op
         if op in new_of or op in inlined_ops:
             continue
-        composed_flops[op] = tir_stats.expr_flops(op.body[0]) + sum(
-            composed_flops.get(p.op, 0) for p, _ in te_rewrite.loads(op.body[0]) if p.op in inlined_ops)
+        producers = [p.op for p, _ in te_rewrite.loads(op.body[0]) if p.op in inlined_ops]
+        composed_flops[op] = tir_stats.expr_flops(op.body[0]) + sum(composed_flops.get(p, 0) for p in producers)
+        depth[op] = 1 + max((depth[p] for p in producers), default=0)
         reason = _decide(t, users, pinned, composed, composed_flops[op])
+        if reason is None and depth[op] >= MAX_COMPOSED:
+            reason = (f"composes a chain of {depth[op]} stages already (at most {MAX_COMPOSED} per expression: "
+                      "deeper ones would exhaust the stack)")
         if reason is None:
             inlined_ops[op] = op
             result.inlined.append(names[op])
