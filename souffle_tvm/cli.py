@@ -39,7 +39,8 @@ def _input_args(p: argparse.ArgumentParser) -> None:
 def _model_args(p: argparse.ArgumentParser) -> None:
     _input_args(p)
     p.add_argument("--fusion", default="tvm", choices=["tvm", "souffle"],
-                   help="kernel fusion: TVM's rule-based FuseOps, or Souffle's global-analysis pipeline")
+                   help="kernel fusion: tvm (default) = TVM's rule-based FuseOps, or souffle = Souffle's "
+                        "global-analysis pipeline (its level: --level)")
     p.add_argument("--level", default="auto",
                    help="souffle pipeline level: auto (default) = v3 with the time-driven partitioner, and on "
                         "CUDA TVM's own build instead where the latency model predicts it faster; "
