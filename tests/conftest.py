@@ -77,7 +77,27 @@ def module_cli(*args: str, cwd) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, timeout=600)
 
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+# nvcc is part of this project's set-up (CUDA 13 on PATH, as on CI): a test that needs it fails
+# loudly without it, rather than passing on a silent skip; SOUFFLE_TVM_ALLOW_NO_NVCC=1 skips
+# those tests instead on a machine without CUDA.
+NVCC_OPTIONAL = os.environ.get("SOUFFLE_TVM_ALLOW_NO_NVCC") == "1"
+
+
+def require_nvcc() -> None:
+    """Fail (or, with SOUFFLE_TVM_ALLOW_NO_NVCC=1, skip) the calling test where nvcc is not on PATH."""
+    if shutil.which("nvcc") is None:
+        why = "nvcc is not on PATH: this test checks generated CUDA with ptxas"
+        if NVCC_OPTIONAL:
+            pytest.skip(why)
+        pytest.fail(f"{why} (install CUDA, or set SOUFFLE_TVM_ALLOW_NO_NVCC=1 to skip such tests)")
+
+
+@pytest.fixture
+def nvcc() -> None:
+    require_nvcc()
+
+
+needs_nvcc = pytest.mark.usefixtures("nvcc")
 
 
 @pytest.fixture

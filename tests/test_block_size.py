@@ -19,6 +19,7 @@ from souffle_tvm.partition.block_size import MIN_GAIN, choose, fastest
 from souffle_tvm.partition.by_time import Timer, by_time, window_seconds
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.stitch import lower
+from conftest import needs_nvcc, require_nvcc
 
 CUDA = make_target("cuda")
 H200 = GPUS["h200"]
@@ -186,11 +187,12 @@ def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster(efficientnet
         assert s["block"] in (128, 512) and s["block_reason"].startswith(f"{s['block']} threads per block")
     blocks = {k.block[0] for k in report.kernels if k.cooperative}
     assert blocks & {128, 512}
-    if report.nvcc.get("available"):
-        assert all(k.registers is not None and not k.spill_bytes for k in report.kernels if k.cooperative)
+    require_nvcc()
+    assert report.nvcc.get("available"), report.nvcc
+    assert all(k.registers is not None and not k.spill_bytes for k in report.kernels if k.cooperative)
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc (ptxas feedback)")
+@needs_nvcc
 def test_a_kernel_over_budget_at_its_size_goes_back_to_256_before_a_split(monkeypatch):
     """ptxas' verdict planted: the first build's resized kernels "spill". The feedback stitches
     them again at 256 threads (same subprograms, no split), and the report says no block."""

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import require_nvcc
 from souffle_tvm import cli
 
 EXE = shutil.which("souffle-tvm", path=os.path.dirname(sys.executable)) or "souffle-tvm"
@@ -66,8 +67,8 @@ def test_compile_shows_progress_on_stderr_and_quiet_silences_it(saved_report, tm
     steps = [ln for ln in proc.stderr.splitlines() if ln.startswith("souffle-tvm:")]
     for word in ("importing bert", "souffle pipeline v3", "building with TVM"):
         assert any(word in s for s in steps), steps
-    if shutil.which("nvcc"):
-        assert any("nvcc -> ptxas resource figures for 1 kernel" in s for s in steps), steps
+    require_nvcc()
+    assert any("nvcc -> ptxas resource figures for 1 kernel" in s for s in steps), steps
     for args, progress in ((("-q",), "1"), ((), None)):
         quiet = run(*args, "compile", "mmoe", "--small", "--target", "llvm", cwd=tmp_path, progress=progress)
         assert quiet.returncode == 0 and quiet.stderr == "", (args, quiet.stderr)

@@ -19,9 +19,9 @@ from souffle_tvm.pipeline import feedback
 from souffle_tvm.pipeline.register_caps import register_cap, register_caps
 from souffle_tvm.pipeline.building import cuda_source
 from souffle_tvm.report.schema import KernelReport, Report
+from conftest import needs_nvcc
 
 H200 = GPUS["h200"]
-needs_nvcc = pytest.mark.skipif(ptxas.nvcc_path() is None, reason="needs nvcc")
 
 
 @pytest.mark.parametrize("blocks, regs", [(1, 255), (2, 128), (3, 80), (4, 64), (6, 40), (8, 32)])

@@ -15,6 +15,7 @@ from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from ..stitch.kernel_ir import has_grid_sync
 from .launch_bounds import apply_register_caps
+from .param_names import distinct_param_names
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.AttachCooperativeLaunch")
@@ -36,9 +37,10 @@ def attach_cooperative_launch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 def _cooperative_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
-    return tvm.transform.Sequential([apply_register_caps, pipeline, attach_cooperative_launch]), host, device
+    return tvm.transform.Sequential([apply_register_caps, distinct_param_names, pipeline,
+                                     attach_cooperative_launch]), host, device
 
 
-# register caps + TVM's s_tir pipeline + the cooperative tag
+# register caps + distinct parameter names + TVM's s_tir pipeline + the cooperative tag
 COOPERATIVE_TIR_PIPELINE = "souffle_tvm.cooperative"
 tirx.register_tir_pipeline(COOPERATIVE_TIR_PIPELINE, _cooperative_pipeline)

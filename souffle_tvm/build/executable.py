@@ -24,6 +24,7 @@ from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from .cooperative import attach_cooperative_launch
 from .launch_bounds import apply_register_caps
+from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
 from ..core import tir_stats
 from ..core.targets import is_cuda
@@ -79,15 +80,13 @@ def _dyn_shared_bytes(func: tirx.PrimFunc) -> int:
     return total
 
 
-@tvm.transform.module_pass(opt_level=0, name="souffle_tvm.DistinctParamNames")
-def distinct_param_names(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Each PrimFunc's buffer parameters under distinct names (``tir_stats.distinct_param_names``),
-    their positions remembered for ``record_device_kernels``."""
-    for gv, f in list(mod.functions.items()):
-        if isinstance(f, tirx.PrimFunc):
-            f = tir_stats.distinct_param_names(f)
-            mod[gv] = f
-            if _recording:
+@tvm.transform.module_pass(opt_level=0, name="souffle_tvm.RememberParamPositions")
+def remember_param_positions(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Read-only, after ``distinct_param_names``: each PrimFunc's {parameter name: position},
+    for ``record_device_kernels``."""
+    if _recording:
+        for gv, f in mod.functions.items():
+            if isinstance(f, tirx.PrimFunc):
                 _recording[-1].positions[gv.name_hint] = {str(p.name): i for i, p in enumerate(f.params)}
     return mod
 
@@ -128,7 +127,7 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _recording_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
-    return tvm.transform.Sequential([apply_register_caps, distinct_param_names, pipeline,
+    return tvm.transform.Sequential([apply_register_caps, distinct_param_names, remember_param_positions, pipeline,
                                      attach_cooperative_launch, record_device_kernels]), host, device
 
 
