@@ -39,11 +39,16 @@ REGRESSIONS: dict[int, tuple[str, str]] = {
 }
 
 
+FORMS = ("matmul", "reshape", "transpose", "softmax", "layernorm", "reduce", "elementwise", "broadcast", "diamond",
+         "batchnorm", "split", "gather", "column", "branches")
+
+
 class RandomGraph:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.inits, self.n = [], [], 0
         self.ids = None          # ("ids", rows) once a Gather reads the int64 input
+        self.forms: set[str] = set()   # the FORMS the graph was built with
 
     def name(self, base):
         self.n += 1
@@ -62,8 +67,15 @@ class RandomGraph:
     def step(self, x, shape):
         """Apply one random op to (x, shape) -> (y, new shape)."""
         r = self.rng
-        choice = r.choice(["matmul", "reshape", "transpose", "softmax", "layernorm", "reduce", "elementwise",
-                           "broadcast", "diamond", "batchnorm", "split", "gather", "column", "branches"])
+        choice = str(r.choice(FORMS))
+        self.fell_through = False
+        y, new = self._form(choice, x, shape)
+        self.forms.add("elementwise" if self.fell_through else choice)
+        return y, new
+
+    def _form(self, choice, x, shape):
+        """One op of form ``choice`` where the shape allows it, else an element-wise one."""
+        r = self.rng
         if choice == "matmul":
             n = int(r.choice([4, 8, 12]))
             w = self.const((r.standard_normal((shape[-1], n)) / np.sqrt(shape[-1])).astype(np.float32))
@@ -121,6 +133,7 @@ class RandomGraph:
             a = self.op("Relu", [x])
             b = self.op("Sigmoid", [x])
             return self.op(str(r.choice(["Add", "Mul", "Sub"])), [a, b]), shape
+        self.fell_through = choice != "elementwise"     # (the shape did not allow the form chosen)
         act = str(r.choice(["Relu", "Tanh", "Sigmoid", "Erf", "Neg"]))
         return self.op(act, [x]), shape
 
@@ -189,8 +202,10 @@ def _prefetched(seed: int) -> int:
 
 
 def test_the_generator_covers_every_form():
-    ops = {n.op_type for seed in range(N_DEFAULT) for n in RandomGraph(seed).build().graph.node}
+    graphs = [RandomGraph(seed) for seed in range(N_DEFAULT)]
+    ops = {n.op_type for g in graphs for n in g.build().graph.node}
     assert {"BatchNormalization", "Split", "Gather", "MatMul", "Softmax", "LayerNormalization"} <= ops
+    assert set().union(*(g.forms for g in graphs)) == set(FORMS)    # each form the generator has, applied
     with_ids = sum(len(RandomGraph(seed).build().graph.input) == 2 for seed in range(N_DEFAULT))
     assert with_ids >= 5
 
