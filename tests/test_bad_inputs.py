@@ -224,7 +224,7 @@ def deep_chain():
     return model, reference
 
 
-@pytest.mark.parametrize("fusion", ["tvm", "souffle"])
+@pytest.mark.parametrize("fusion", [pytest.param("tvm", marks=pytest.mark.slow), "souffle"])   # tvm: ~11 s, not ours
 def test_a_deep_element_wise_chain_compiles_and_runs_with_either_fusion(deep_chain, fusion):
     from souffle_tvm.pipeline.driver import compile as compile_model
 

@@ -204,8 +204,7 @@ def _souffle_report(m, souffle):
     return result, report
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in ("mmoe", "resnext") else pytest.mark.slow)
-                                  for n in ZOO])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "mmoe" else pytest.mark.slow) for n in ZOO])
 def test_stitched_stages_are_held_to_their_counts(name, v3_builds):
     """Every stage of every stitched kernel (and every other kernel) of the small model at v3:
     its analytic bytes equal the distinct bytes its stage loops touch in the emulator."""
