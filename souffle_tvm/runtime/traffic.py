@@ -85,20 +85,6 @@ class LaunchTraffic:
     def sectors(self) -> int:
         return sum(b.read_sectors + b.write_sectors for b in self.buffers)
 
-    @property
-    def sector_bytes(self) -> int:
-        """Bytes L1/L2 serve: every request's sectors, whole."""
-        return self.sectors * 32
-
-    @property
-    def sectors_per_request(self) -> float | None:
-        return self.sectors / self.requests if self.requests else None
-
-    def worst(self) -> tuple[str, float] | None:
-        """The buffer with the most sectors per read request, and that figure (None: none read)."""
-        read = [(b.name, b.read_sectors / b.read_requests) for b in self.buffers if b.read_requests]
-        return max(read, key=lambda x: x[1]) if read else None
-
     def as_dict(self) -> dict:
         spr = self.sectors_per_request
         return {"distinct_bytes": self.distinct_bytes, "written_bytes": self.written_bytes,
