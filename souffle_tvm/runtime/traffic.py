@@ -85,6 +85,10 @@ class LaunchTraffic:
     def sectors(self) -> int:
         return sum(b.read_sectors + b.write_sectors for b in self.buffers)
 
+    @property
+    def sectors_per_request(self) -> float | None:
+        return self.sectors / self.requests if self.requests else None
+
     def as_dict(self) -> dict:
         spr = self.sectors_per_request
         return {"distinct_bytes": self.distinct_bytes, "written_bytes": self.written_bytes,
