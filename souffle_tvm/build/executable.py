@@ -115,10 +115,9 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         grid, block = tir_stats.launch_extents(func)
         name = gv.name_hint
         primfunc = launcher.get(name, name)
-        positions = _recording[-1].positions.get(primfunc, {})
+        buffers, stored = tir_stats.kernel_global_buffers(func, _recording[-1].positions.get(primfunc, {}))
         _recording[-1].kernels.append(DeviceKernel(
-            name, primfunc, grid, block, tir_stats.kernel_global_buffers(func, positions),
-            tir_stats.kernel_stored_buffers(func, positions), _dyn_shared_bytes(func),
+            name, primfunc, grid, block, buffers, stored, _dyn_shared_bytes(func),
             "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"]),
             tir_stats.uses_tensor_cores(func), tir_stats.stored_element_bytes(func)))
     return mod

@@ -162,19 +162,15 @@ def _kernel_keys(kernel: tirx.PrimFunc, positions: dict[str, int]) -> dict:
     return keys
 
 
-def kernel_global_buffers(kernel: tirx.PrimFunc, positions: dict[str, int]) -> dict:
-    """{key: bytes} for the global buffers a device kernel declares over its pointer params, keyed
-    by the launching PrimFunc's parameter position (a name for global scratch; ``_kernel_keys``)."""
-    return {key: buffer_bytes(buf) for buf, key in _kernel_keys(kernel, positions).items()}
-
-
-def kernel_stored_buffers(kernel: tirx.PrimFunc, positions: dict[str, int]) -> set:
-    """The keys (as ``kernel_global_buffers``) of the global buffers a device kernel stores to."""
+def kernel_global_buffers(kernel: tirx.PrimFunc, positions: dict[str, int]) -> tuple[dict, set]:
+    """({key: bytes} of the global buffers a device kernel declares over its pointer params, the
+    keys of those it stores to), keyed by the launching PrimFunc's parameter position (a name for
+    global scratch; ``_kernel_keys``)."""
     keys = _kernel_keys(kernel, positions)
     stored: set = set()
     tvm_ffi.structural_walk(kernel.body, (tirx.BufferStore, lambda s: stored.add(keys[s.buffer])
                                           if s.buffer in keys else None))
-    return stored
+    return {key: buffer_bytes(buf) for buf, key in keys.items()}, stored
 
 
 def launch_extents(kernel: tirx.PrimFunc) -> tuple[list[int], list[int]]:

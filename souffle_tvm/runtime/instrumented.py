@@ -100,6 +100,23 @@ def _compile(mod: tvm.IRModule):
         return tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
 
 
+class RunSession:
+    """One run of an instrumented module: its kernels' callbacks (registered global functions)
+    reach the run in progress as ``type(self).current``. Runs of one kind do not nest."""
+
+    current = None
+    kind = "instrumented"          # what the emulations check, for the error
+
+    def __enter__(self):
+        if type(self).current is not None:
+            raise RuntimeError(f"{self.kind} emulations do not nest")
+        type(self).current = self
+        return self
+
+    def __exit__(self, *exc):
+        type(self).current = None
+
+
 class InstrumentedModule:
     """``mod``'s PrimFuncs emulated, each with the probe ``make_probe(name)`` handed to
     ``emulate_primfunc`` as keyword ``hook``, compiled for llvm once."""

@@ -41,7 +41,7 @@ from tvm import tirx
 from ..core.tir_stats import dtype_bytes
 from ..errors import EmulationError
 from ..stitch.kernel_ir import is_prefetch, op_name, replace_stages, stage_loops
-from .instrumented import I64, InstrumentedModule, as64, guarded_loads, i64, numel, seq
+from .instrumented import I64, InstrumentedModule, RunSession, as64, guarded_loads, i64, numel, seq
 
 REPORT = "souffle_tvm.prefetch.report"
 LINE_BYTES = 128
@@ -356,21 +356,13 @@ class PrefetchReport:
         return f"{len(self.problems)} prefetch problem(s):\n  " + "\n  ".join(self.problems)
 
 
-class _Session:
+class _Session(RunSession):
     current: "_Session | None" = None
+    kind = "prefetch-checked"
 
     def __init__(self, probes: dict):
         self.probes = probes
         self.report = PrefetchReport()
-
-    def __enter__(self):
-        if _Session.current is not None:
-            raise RuntimeError("prefetch-checked emulations do not nest")
-        _Session.current = self
-        return self
-
-    def __exit__(self, *exc):
-        _Session.current = None
 
     def record(self, kernel: str, rec: np.ndarray) -> None:
         probe = self.probes[kernel]

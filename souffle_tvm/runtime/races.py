@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import tirx
 
 from .race_probe import KINDS, LEVELS, LOG_COLUMNS, ORDER, REPORT, Probe, decode
-from .instrumented import InstrumentedModule
+from .instrumented import InstrumentedModule, RunSession
 
 ASCENDING, DESCENDING = "ascending", "descending"
 
@@ -114,10 +114,11 @@ class RaceReport:
         return f"{self.count} racy access(es), order {self.order}:\n  " + "\n  ".join(lines)
 
 
-class _Session:
+class _Session(RunSession):
     """One run: fills the order tables and gathers the kernels' logs (through the callbacks below)."""
 
     current: "_Session | None" = None
+    kind = "race-checked"
 
     def __init__(self, order: Order, probes: dict, keep: int):
         self.order, self.probes, self.keep = order, probes, keep
@@ -125,15 +126,6 @@ class _Session:
                      (("blocks", order.blocks), ("threads", order.threads)) if isinstance(seed, int)}
         self.report = RaceReport(str(order), sorted(probes))
         self.seen: set = set()
-
-    def __enter__(self):
-        if _Session.current is not None:
-            raise RuntimeError("race-checked emulations do not nest")
-        _Session.current = self
-        return self
-
-    def __exit__(self, *exc):
-        _Session.current = None
 
     def permutation(self, kind: str, n: int) -> np.ndarray:
         how = getattr(self.order, kind)

@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from .instrumented import InstrumentedModule
+from .instrumented import InstrumentedModule, RunSession
 from .traffic_probe import DISTINCT, FIELDS, REPORT, SHARED_FIELDS, TrafficProbe
 
 
@@ -100,23 +100,15 @@ class LaunchTraffic:
                 "calls": self.calls}
 
 
-class _Session:
+class _Session(RunSession):
     current: "_Session | None" = None
+    kind = "traffic-counted"
 
     def __init__(self, probes: dict):
         self.probes = probes
         self.first: dict[str, np.ndarray] = {}
         self.calls: dict[str, int] = {}
         self.same: dict[str, bool] = {}
-
-    def __enter__(self):
-        if _Session.current is not None:
-            raise RuntimeError("traffic-counted emulations do not nest")
-        _Session.current = self
-        return self
-
-    def __exit__(self, *exc):
-        _Session.current = None
 
     def record(self, kernel: str, both: np.ndarray) -> None:
         if kernel not in self.first:
