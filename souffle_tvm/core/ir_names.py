@@ -14,6 +14,7 @@ SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
 STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count
 STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
+FUSED = "souffle.fused_stages"            # on a loop running several stages per virtual block (``stitch.channel``)
 MIN_BLOCKS_ATTR = "souffle.min_blocks_per_sm"   # on a stitched PrimFunc: its register cap, as blocks per SM
 TVM_MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"  # TVM's key: __launch_bounds__(threads, blocks)
 PREFETCH = "souffle.prefetch"         # on a V4 L2 prefetch loop: a hint, no semantics

@@ -373,6 +373,13 @@ def stored_element_bytes(func: tirx.PrimFunc) -> int:
     return max(sizes) if sizes else 4
 
 
+def stored_positions(func: tirx.PrimFunc) -> set[int]:
+    """Positions of the buffer parameters ``func`` stores to."""
+    stored: set = set()
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, lambda s: stored.add(s.buffer)))
+    return {i for i, p in enumerate(func.params) if p in stored}
+
+
 def written_param_bytes(func: tirx.PrimFunc) -> int:
     """Bytes of the buffer parameters ``func`` stores to: its outputs."""
     stored: set = set()

@@ -48,7 +48,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             nvcc: bool = True, level: str = AUTO, gemm_k_tile: int | None = None,
             partitioner: str | None = None, reduction: str = "deterministic",
             database: str | None = None, bind: dict | None = None, cuda_graph: bool = False,
-            gemm_tile: int | None = None, count_traffic: bool = False) -> Compiled:
+            gemm_tile: int | None = None, count_traffic: bool = False, onchip: bool = True) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -59,14 +59,14 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     latency model predicts it faster under a CUDA graph, returned instead, the report's
     ``fallback`` saying so with both figures (never a build predicted slower than TVM's). A model that cannot be
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
-    ``gemm_k_tile``, ``gemm_tile``, ``partitioner``, ``reduction``, ``database``: see :class:`Options`.
+    ``gemm_k_tile``, ``gemm_tile``, ``partitioner``, ``reduction``, ``database``, ``onchip``: see :class:`Options`.
     ``bind``: model inputs fixed to values at compile time ({name: value}; ``frontend.binding``).
     ``cuda_graph``: build with TVM's CUDA-graph rewriting (``build.cuda_graph``; CUDA only).
     ``count_traffic``: run the built kernels in the GPU emulator and put the counted traffic
     beside the analytic bytes (``report.counted``; CUDA only, and slow on large models).
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
-    options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile).check(tgt)
+    options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile, onchip).check(tgt)
     auto, level = level == AUTO, options.level
     if not isinstance(model, ImportedModel):
         progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")

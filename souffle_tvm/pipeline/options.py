@@ -48,7 +48,9 @@ class Options:
     ``reduction`` (v3): two-phase reductions with a partial buffer and a combine
     ("deterministic") or, for fp32 sums on CUDA, with atomicAdd ("atomic"). ``database``: a
     directory written by ``souffle-tvm tune`` (souffle fusion). ``nvcc``: measure registers and
-    shared memory with ptxas where nvcc exists (and let them correct the partition)."""
+    shared memory with ptxas where nvcc exists (and let them correct the partition). ``onchip``
+    (v3): a stitched kernel keeps a block-local intermediate in shared memory (``stitch.channel``)
+    instead of global memory; off, every intermediate goes through global memory (to compare)."""
 
     fusion: str = "souffle"
     level: str = "v2"
@@ -58,6 +60,7 @@ class Options:
     database: str | None = None
     nvcc: bool = True
     gemm_tile: int | None = None
+    onchip: bool = True
 
     def resolved(self) -> "Options":
         """``auto`` as the level it stands for (v3, time-driven unless a partitioner is given)."""

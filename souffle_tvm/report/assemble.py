@@ -113,9 +113,10 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     """Per stage of stitched kernel ``sk``: the tiles and threads it would launch as a kernel of its
     own, its bytes and flops (a stage function lowered to several launch regions counts them,
     and the global scratch it passes between them, on its first), and whether it runs on
-    tensor cores."""
+    tensor cores. Bytes are those leaving the chip: a tensor a stage reads from (or writes only
+    to) an on-chip channel counts in its ``onchip_bytes`` instead."""
     plan = []
-    for st, geometry in zip(sk.stage_ids, sk.geometry):
+    for i, (st, geometry) in enumerate(zip(sk.stage_ids, sk.geometry)):
         first = st.region in (None, 0)
         func = sk.stage_funcs.get(st.function, stage_funcs.get(st.function))   # at the kernel's block size
         # a function lowered to several launch regions passes data between them in global scratch
@@ -124,9 +125,15 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
+        onchip = sk.onchip[i] if first and i < len(sk.onchip) and func is not None else []
+        footprint = result.footprints.get(st.function, {})
+        saved = sum(footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) for pos in onchip)
+        unwritten = sum(tir_stats.buffer_bytes(func.params[pos]) for pos in onchip
+                        if pos in tir_stats.stored_positions(func)) if onchip else 0
+        stage = dataclasses.replace(stage, bytes=stage.bytes - saved, written_bytes=max(stage.written_bytes - unwritten, 0))
         if not first:      # only a function's first region carries what it stores
             stage = dataclasses.replace(stage, written_bytes=0)
-        plan.append(dataclasses.asdict(stage))
+        plan.append({**dataclasses.asdict(stage), **({"onchip_bytes": saved} if saved else {})})
     return plan
 
 

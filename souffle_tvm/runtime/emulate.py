@@ -90,12 +90,15 @@ def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
 class _Block:
     """Lock-step emulation of one thread block's statements."""
 
-    def __init__(self, thread_vars: dict, n_threads: int, probe=None):
+    def __init__(self, thread_vars: dict, n_threads: int, probe=None, resident: dict | None = None):
         self.thread_vars = thread_vars          # Var -> (stride, extent) in the flat thread index
         self.n = n_threads
         self.probe = probe                      # the race checker's instrumentation (runtime.race_probe)
         self.locals: dict = {}                  # original local buffer -> per-thread array
-        self.shared: dict = {}                  # original shared buffer -> per-block buffer
+        # original shared buffer -> per-block buffer; a kernel-wide one (a resident channel,
+        # ``stitch.channel``) -> one copy per block, indexed by the block first
+        self.shared: dict = {buf: new for buf, (new, _) in (resident or {}).items()}
+        self.prefix: dict = {buf: [block] for buf, (_, block) in (resident or {}).items()}
         self.frags: dict = {}                   # original wmma.* buffer -> per-warp tiles
 
     # -- per-thread substitution ---------------------------------------------------------------
@@ -116,7 +119,7 @@ class _Block:
             if x.source in self.locals:
                 return tirx.BufferLoad(self.locals[x.source], [t] + list(x.indices))
             if x.source in self.shared:
-                return tirx.BufferLoad(self.shared[x.source], list(x.indices))
+                return tirx.BufferLoad(self.shared[x.source], self.prefix.get(x.source, []) + list(x.indices))
             return x
 
         def store(s):
@@ -125,7 +128,7 @@ class _Block:
             if s.buffer in self.locals:
                 return tirx.BufferStore(self.locals[s.buffer], s.value, [t] + list(s.indices))
             if s.buffer in self.shared:
-                return tirx.BufferStore(self.shared[s.buffer], s.value, list(s.indices))
+                return tirx.BufferStore(self.shared[s.buffer], s.value, self.prefix.get(s.buffer, []) + list(s.indices))
             return s
 
         node = tvm_ffi.structural_map(node, (tirx.Evaluate, lambda ev: self._wmma(ev.value, t)
@@ -344,6 +347,11 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
         stride *= ext
     n_threads = max(stride, 1)
     seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    # Shared buffers allocated for the whole kernel (resident channels) outlive its grid syncs:
+    # one copy per block, poisoned once, before the first phase.
+    kept = [s for s in seq if isinstance(s, tirx.AllocBuffer) and str(s.buffer.ty.storage_scope).startswith("shared")]
+    seq = [s for s in seq if not any(s.same_as(k) for k in kept)]
+    resident, head = _resident(kept, blocks, probe)
     phases, cur = [], []
     for s in seq:
         if is_grid_sync(s):
@@ -355,7 +363,7 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
     out = []
     for phase in phases:
         def block(phase=phase):
-            emu = _Block(thread_vars, n_threads, probe).run(_seq(phase))
+            emu = _Block(thread_vars, n_threads, probe, resident).run(_seq(phase))
             return emu if prefetches is None else prefetches.phase(emu)
         if probe is not None:                   # blocks in the run's order (a table filled at run time)
             out.append(probe.phase(blocks, block))
@@ -374,7 +382,30 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
                     fresh[var] = down
                 emu = tirx.For(fresh[var], tirx.const(0, dtype_of(var)), tirx.const(ext, dtype_of(var)), tirx.ForKind.SERIAL, emu)
         out.append(emu)
-    return _seq(out)
+    return _seq(head + out)
+
+
+def _resident(allocs: list, blocks: dict, probe) -> tuple[dict, list]:
+    """Per kernel-wide shared buffer: (its per-block copies, the flat block index), and the
+    statements that allocate and poison them."""
+    order = [blocks[t] for t in ("blockIdx.x", "blockIdx.y", "blockIdx.z") if t in blocks]
+    flat, stride, count = _i64(0), 1, 1
+    for var, ext in order:
+        flat = flat + _as64(var) * _i64(stride)
+        stride *= ext
+        count *= ext
+    out, head = {}, []
+    for a in allocs:
+        ty = a.buffer.ty
+        new = tirx.decl_buffer([_i64(count)] + list(ty.shape), ty.dtype, f"{a.buffer.name}_resident", scope="global")
+        out[a.buffer] = (new, flat)
+        if probe is not None:
+            probe.shared(new)
+        head.append(tirx.AllocBuffer(new))
+        fill = _poison(new)
+        if fill is not None:
+            head.append(fill)
+    return out, head
 
 
 def _written_params(func: tirx.PrimFunc) -> list:

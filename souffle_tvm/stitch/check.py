@@ -9,9 +9,10 @@ import tvm_ffi
 from tvm import tirx
 
 from . import dependence
-from .kernel_ir import (BARRIERS, accesses, calls_to, is_grid_sync, is_prefetch, launch_var, launch_vars, op_name,
-                        stage_loops, stage_view)
+from .kernel_ir import (BARRIERS, accesses, calls_to, flat_stages, fused_parts, is_fused, is_grid_sync, is_prefetch,
+                        launch_var, launch_vars, op_name, stage_loops, stage_view)
 from .rolling import unroll
+from ..core.ir_names import STAGE_BLOCKS
 
 
 @dataclass
@@ -27,13 +28,20 @@ class SafetyReport:
         return not self.problems
 
 
+def _channels(loop) -> list:
+    """The shared buffers a fused loop allocates per iteration (its channels)."""
+    seq = loop.body.seq if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+    return [s.buffer for s in seq if isinstance(s, tirx.AllocBuffer)]
+
+
 def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyReport:
     """Prove the stitched kernel safe, or say what is wrong.
 
     1. every stage that reads a buffer an earlier stage wrote has the barrier the dependence
        needs in between: a grid sync unless ``dependence`` proves the reads block-local (then a
        block barrier) or thread-local; a stage that writes a buffer an earlier stage read or
-       wrote has a grid sync in between;
+       wrote has a grid sync in between; the same for the channels of a fused loop, whose
+       iterations end with a block barrier when a block can run more than one;
     2. no barrier (grid sync, __syncthreads, cross-thread reduction) sits under a condition
        that depends on the thread or block index (some threads would never arrive);
     3. the grid fits the co-resident limit (when it is known).
@@ -45,7 +53,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
     written: list = []          # (param, view, block barriers seen when written) since the last grid sync
     touched: list = []          # params read or written since the last grid sync
     stages = syncs = barriers = 0
-    for stmt in stage_loops(func):
+    for stmt, loop in flat_stages(func):
         if is_grid_sync(stmt):
             syncs += 1
             written, touched = [], []
@@ -56,7 +64,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
         if is_prefetch(stmt):
             continue
         stages += 1
-        view = stage_view(stmt, bid, tid, launched) if bid is not None and tid is not None else None
+        view = stage_view(stmt, bid, tid, launched, loop) if bid is not None and tid is not None else None
         loads, stores = accesses(stmt)
         for p, wview, seen in written:
             if not any(b.same_as(p) for b in loads):
@@ -68,12 +76,21 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
             elif need == dependence.BLOCK and seen == barriers:
                 problems.append(f"stage {stages} reads {p.name}, written by the same block of an earlier stage "
                                 "with no block barrier between")
-        mine = [p for p in func.params if any(b.same_as(p) for b in stores)]
+        # a fused loop's channels (per-block shared buffers) are checked as the params are
+        chans = _channels(loop) if loop is not None else []
+        mine = [p for p in list(func.params) + chans if any(b.same_as(p) for b in stores)]
         for p in mine:       # write after read / write: the stitcher always orders these with a grid sync
             if any(t.same_as(p) for t in touched):
                 problems.append(f"stage {stages} writes {p.name}, which an earlier stage uses, with no grid sync between")
         written += [(p, view, barriers) for p in mine]
-        touched += mine + [p for p in func.params if any(b.same_as(p) for b in loads)]
+        touched += mine + [p for p in list(func.params) + chans if any(b.same_as(p) for b in loads)]
+    for stmt in stage_loops(func):
+        if is_fused(stmt) and _channels(stmt) and launched and not dependence.is_block_barrier(fused_parts(stmt)[-1]):
+            blocks = max(int(p.annotations[STAGE_BLOCKS]) for p in fused_parts(stmt)
+                         if isinstance(p, tirx.For) and STAGE_BLOCKS in p.annotations)
+            if blocks > launched:
+                problems.append(f"a fused loop over {blocks} virtual blocks on {launched} blocks overwrites its "
+                                "channels with no block barrier after their readers")
     launch = launch_vars(func)
 
     def guarded(node):

@@ -170,6 +170,29 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
     return GRID
 
 
+def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]) -> list | None:
+    """One box ``[(base, extent)]`` per virtual block of ``writer`` holding every access the
+    writer makes to ``buf`` and every load of each reader (``(view, its name for buf)``), with
+    constant extents; None if no store's box does (or an access is not a plain scalar one).
+
+    What the on-chip channel (``channel``) sizes a per-block buffer by: a store's dense box
+    (``_box``), checked to contain the writer's other stores and loads too (a reduction's
+    update reads and writes what its init wrote) and the readers' loads."""
+    stores, loads = _accesses(writer.body, buf)
+    accesses = [(a, writer) for a in stores + loads]
+    for view, rbuf in readers:
+        accesses += [(a, view) for a in _accesses(view.body, rbuf)[1]]
+    if not stores or any(not a.indices or any("x" in str(i.ty) for i in a.indices) for a, _ in accesses):
+        return None       # atomics (no indices) or vector accesses: not rebased here
+    for s in stores:
+        box = _box(s, writer, False)
+        if box is None or not all(isinstance(e, (int, tirx.IntImm)) for _, e in box):
+            continue
+        if all(_inside(a, box, view, False) for a, view in accesses):
+            return box
+    return None
+
+
 ATOMIC_ADD = "tirx.cuda.atomic_add"
 
 

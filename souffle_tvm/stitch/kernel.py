@@ -4,7 +4,9 @@
 ``block`` threads: each stage walks its own blocks grid-stride (a bid-dependent trip count,
 never an ``if`` around barriers), and before each stage goes the weakest barrier its reads of
 earlier stages' outputs need (``dependence``: a ``grid_sync`` unless the index maps prove the
-reads block-local, then ``__syncthreads``, or thread-local). Runs of repeated stages become
+reads block-local, then ``__syncthreads``, or thread-local). A block-local intermediate
+nobody reads after the kernel stays on chip, in a per-block shared buffer, its producer and
+consumers sharing one grid-stride loop (``channel``). Runs of repeated stages become
 loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched function
 (ThreadSync, allreduce lowering, shared-memory merging across stages, host/device split), and
 ``build.cooperative.attach_cooperative_launch`` marks the kernel for a cooperative launch.
@@ -13,24 +15,34 @@ loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched f
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+import dataclasses
+from typing import Callable, Hashable, NamedTuple
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 
-from . import dependence, rolling
+from . import channel, dependence, rolling
 from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
 from .lower import LoweredStage, wide_thread
-from ..core.ir_names import K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
+from ..core import estimate
+from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like
+
+
+class Stitched(NamedTuple):
+    func: tirx.PrimFunc
+    syncs: list[bool]              # per stage (in kernel order): is a grid sync before it
+    stacks: list                   # the stacked buffers (``rolling.Stack``)
+    channels: list                 # the tensors kept on chip (``channel.Channel``)
+    order: list[int]               # per stage in kernel order: its index in ``stages`` as given
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
            target: tvm.target.Target | None = None, param_keys: list | None = None,
            stackable: Callable[[Hashable], bool] | None = None,
-           min_blocks: int | None = None) -> tuple[tirx.PrimFunc, list[bool], list]:
+           min_blocks: int | None = None, private: Callable[[Hashable], bool] | None = None) -> Stitched:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
@@ -38,69 +50,63 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     use). Before each stage goes the weakest barrier its dependences need (``dependence``):
     a grid sync, a block barrier, or none. With ``stackable`` (which tensors may become slots
     of a stacked buffer: made here, not used after the kernel), runs of repeated stages become
-    loops (``rolling``). Returns the function, per stage whether a grid sync precedes it, and
-    the stacked buffers (``rolling.Stack``: parameters after those of ``param_keys``, which no
-    longer include the keys they stack). ``min_blocks``: the register cap, as the blocks per SM
+    loops (``rolling``). With ``private`` (which tensors are made here and not read after the
+    kernel), a block-local one becomes a per-block shared buffer, its producer and consumers
+    fused into one grid-stride loop (``channel``). Returns the function, per stage whether a
+    grid sync precedes it, the stacked buffers (``rolling.Stack``: parameters after those of
+    ``param_keys``, which no longer include the keys they stack) and the channels (whose keys
+    are no parameters either, except a ``dual`` one's). ``min_blocks``: the register cap, as the blocks per SM
     nvcc must leave room for (``MIN_BLOCKS_ATTR``; the build turns it into ``__launch_bounds__``).
     """
     param_of: dict = {}
     for st, keys in zip(stages, args):
         for p, k in zip(st.params, keys):
             param_of.setdefault(k, p)
-    params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)]
     access = [_param_access(st) for st in stages]     # (read, written) per parameter, per stage
-    stages, args, access = _fills_first(stages, args, access)
+    order = _fills_first(stages, args, access)
+    stages, args, access = [stages[i] for i in order], [args[i] for i in order], [access[i] for i in order]
     bid = tirx.Var("blockIdx_x", "int64")
     tid = tirx.Var("threadIdx_x", "int64")
-    i64 = lambda v: tirx.const(v, "int64")  # noqa: E731 - one index dtype across all stages
     views = [_on_kernel_params(st, keys, param_of, tid) for st, keys in zip(stages, args)]
-    items, syncs = [], []      # (barrier or None, stage loop) per stage
-    written: dict = {}     # key -> stages that wrote it since the last grid sync
-    read: dict = {}        # key -> stages that read it since the last grid sync
-    for i, (st, keys, view) in enumerate(zip(stages, args, views)):
-        if st.num_threads > block:
-            raise StitchError(f"{st.name}: {st.num_threads} threads per block, the kernel has {block}")
-        if st.num_threads < block and has_barrier(st.body):
-            raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
-        reads, writes = access[i]
-        need, pre = dependence.NONE, None
-        for r, w, k in zip(reads, writes, keys):
-            if r:
-                for j in written.get(k, ()):
-                    need = dependence.stronger(need, dependence.barrier_needed(views[j], param_of[k], view, param_of[k]))
-            if w and (k in written or k in read):     # write after read/write: kept simple
-                need = dependence.GRID
-        if need == dependence.GRID:
-            pre = tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync())
-            written, read = {}, {}
-        elif need == dependence.BLOCK:
-            pre = dependence.block_barrier()
-        syncs.append(need == dependence.GRID)
-        for r, w, k in zip(reads, writes, keys):
-            if w:
-                written.setdefault(k, []).append(i)
-            if r:
-                read.setdefault(k, []).append(i)
+    needs = _barriers(stages, args, access, views, param_of, block)
+    channels, spans = (channel.plan(views, args, access, needs, param_of, private,
+                                    [estimate.stage(v.body).shared_bytes for v in views], grid)
+                       if private is not None else ([], []))
+    for ch in channels:
+        for i in [ch.writer] + ch.readers:
+            views[i] = dataclasses.replace(views[i], body=channel.rebase(views[i].body, param_of[ch.key], ch, i == ch.writer))
+    gone = {ch.key for ch in channels if not ch.dual}
+    syncs = [need == dependence.GRID for need in needs]
+    pres = [tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()) if need == dependence.GRID
+            else dependence.block_barrier() if need == dependence.BLOCK else None for need in needs]
+    items, item_keys, item_writes = [], [], []
+    first = {a: b for a, b in spans}
+    i = 0
+    while i < len(stages):
+        last = first.get(i, i)
         it = tirx.Var(f"it{i}", "int64")
-        stmt = tvm_ffi.structural_map(view.body, (tirx.Var, lambda v, it=it: it * i64(grid) + bid if v.same_as(dependence.VB) else v))
-        if st.num_threads < block:     # barrier-free stage narrower than the kernel
-            stmt = tirx.IfThenElse(tid < i64(st.num_threads), stmt, None)
-        trip = tirx.floordiv(i64(st.num_blocks) - bid + i64(grid - 1), i64(grid))
-        # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as
-        # is, it is a free variable, and structurally identical kernels (one per transformer
-        # layer) or loop iterations would not be recognised as such.
-        stmt = tvm_ffi.structural_map(stmt, (tirx.AttrStmt, lambda a: tirx.AttrStmt(tirx.const(0, "int32"), a.attr_key, a.value, a.body)
-                                             if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
-        items.append((pre, tirx.For(it, i64(0), trip, tirx.ForKind.SERIAL, stmt,
-                                    annotations={STAGE_BLOCKS: i64(st.num_blocks), STAGE_THREADS: i64(st.num_threads)})))
+        parts = [_stage_body(stages[j], views[j], it, grid, block, tid, bid) for j in range(i, last + 1)]
+        if last == i:
+            loop = _grid_stride(it, stages[i].num_blocks, grid, bid, parts[0], stages[i].num_blocks, stages[i].num_threads)
+        else:
+            loop = _fused(it, stages[i:last + 1], pres[i + 1:last + 1], parts,
+                          [ch.buffer for ch in channels if not ch.resident and i <= ch.writer <= last], grid, bid)
+        items.append((pres[i], loop))
+        kept = [(k, w) for j in range(i, last + 1) for k, w in zip(args[j], access[j][1]) if k not in gone]
+        item_keys.append([k for k, _ in kept])
+        item_writes.append([w for _, w in kept])
+        i = last + 1
+    keys = [k for k in (param_keys if param_keys is not None else param_of) if k not in gone]
+    params = [param_of[k] for k in keys]
     stacks: list = []
     if stackable is not None:
-        seq, stacks = rolling.roll(items, args, [w for _, w in access], param_of, stackable)
+        seq, stacks = rolling.roll(items, item_keys, item_writes, param_of, stackable)
         stacked = rolling.stacked_keys(stacks)
-        params = [param_of[k] for k in (param_keys if param_keys is not None else param_of)
-                  if k not in stacked] + [s.var for s in stacks]
+        params = [param_of[k] for k in keys if k not in stacked] + [s.var for s in stacks]
     else:
         seq = [x for pre, stage in items for x in ((pre, stage) if pre is not None else (stage,))]
+    # resident channels: one per block for the whole kernel, across its grid syncs
+    seq = [tirx.AllocBuffer(ch.buffer) for ch in channels if ch.resident] + seq
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
@@ -113,7 +119,78 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if min_blocks:
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
-    return func, syncs, stacks
+    return Stitched(func, syncs, stacks, channels, order)
+
+
+def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:
+    """Per stage, the weakest barrier its dependences on earlier stages need (``dependence``)."""
+    needs = []
+    written: dict = {}     # key -> stages that wrote it since the last grid sync
+    read: dict = {}        # key -> stages that read it since the last grid sync
+    for i, (st, keys, view) in enumerate(zip(stages, args, views)):
+        if st.num_threads > block:
+            raise StitchError(f"{st.name}: {st.num_threads} threads per block, the kernel has {block}")
+        if st.num_threads < block and has_barrier(st.body):
+            raise StitchError(f"{st.name}: uses {st.num_threads} threads and barriers; schedule it for {block}")
+        reads, writes = access[i]
+        need = dependence.NONE
+        for r, w, k in zip(reads, writes, keys):
+            if r:
+                for j in written.get(k, ()):
+                    need = dependence.stronger(need, dependence.barrier_needed(views[j], param_of[k], view, param_of[k]))
+            if w and (k in written or k in read):     # write after read/write: kept simple
+                need = dependence.GRID
+        if need == dependence.GRID:
+            written, read = {}, {}
+        needs.append(need)
+        for r, w, k in zip(reads, writes, keys):
+            if w:
+                written.setdefault(k, []).append(i)
+            if r:
+                read.setdefault(k, []).append(i)
+    return needs
+
+
+def _i64(v: int) -> tirx.PrimExpr:
+    return tirx.const(v, "int64")     # one index dtype across all stages
+
+
+def _stage_body(st: LoweredStage, view: dependence.StageView, it, grid: int, block: int, tid, bid) -> tirx.Stmt:
+    """One stage's block body at virtual block ``it * grid + bid`` of the kernel's launch."""
+    stmt = tvm_ffi.structural_map(view.body, (tirx.Var, lambda v: it * _i64(grid) + bid if v.same_as(dependence.VB) else v))
+    if st.num_threads < block:     # barrier-free stage narrower than the kernel
+        stmt = tirx.IfThenElse(tid < _i64(st.num_threads), stmt, None)
+    # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as
+    # is, it is a free variable, and structurally identical kernels (one per transformer
+    # layer) or loop iterations would not be recognised as such.
+    return tvm_ffi.structural_map(stmt, (tirx.AttrStmt, lambda a: tirx.AttrStmt(tirx.const(0, "int32"), a.attr_key, a.value, a.body)
+                                         if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
+
+
+def _grid_stride(it, blocks: int, grid: int, bid, body, stage_blocks: int, stage_threads: int) -> tirx.For:
+    """``for it: body`` over the virtual blocks ``it * grid + bid < blocks``, annotated as a stage."""
+    trip = tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
+    return tirx.For(it, _i64(0), trip, tirx.ForKind.SERIAL, body,
+                    annotations={STAGE_BLOCKS: _i64(stage_blocks), STAGE_THREADS: _i64(stage_threads)})
+
+
+def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, bid) -> tirx.For:
+    """Several stages in ONE grid-stride loop over their (common) virtual blocks, each iteration
+    every stage in order with its barrier before it, the channels' shared buffers allocated per
+    iteration; a block barrier ends an iteration when there can be a next one, which overwrites
+    the channels (``channel``). Each stage is a one-trip loop carrying its stage annotations,
+    so the check, the emulator and the traffic counter still see its stages."""
+    blocks = stages[0].num_blocks
+    seq: list = [tirx.AllocBuffer(b) for b in buffers]
+    for k, (st, pre, part) in enumerate(zip(stages, [None] + list(pres), parts)):
+        if pre is not None:
+            seq.append(pre)
+        seq.append(tirx.For(tirx.Var(f"{it.name}_{k}", "int64"), _i64(0), _i64(1), tirx.ForKind.SERIAL, part,
+                            annotations={STAGE_BLOCKS: _i64(st.num_blocks), STAGE_THREADS: _i64(st.num_threads)}))
+    if blocks > grid:
+        seq.append(dependence.block_barrier())
+    trip = tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
+    return tirx.For(it, _i64(0), trip, tirx.ForKind.SERIAL, tirx.SeqStmt(seq), annotations={FUSED: _i64(len(stages))})
 
 
 def _param_access(stage: LoweredStage) -> tuple[list[bool], list[bool]]:
@@ -124,11 +201,11 @@ def _param_access(stage: LoweredStage) -> tuple[list[bool], list[bool]]:
     return read, written
 
 
-def _fills_first(stages: list, args: list, access: list) -> tuple[list, list, list]:
-    """Stages that only fill buffers with constants (the zero fill before an atomic sum) go to
-    the kernel's start when no earlier stage touches those buffers: there the grid syncs the
-    kernel has anyway order them before their readers, instead of one more sync."""
-    order = list(range(len(stages)))
+def _fills_first(stages: list, args: list, access: list) -> list[int]:
+    """The stages' order in the kernel: stages that only fill buffers with constants (the zero
+    fill before an atomic sum) go to the kernel's start when no earlier stage touches those
+    buffers: there the grid syncs the kernel has anyway order them before their readers,
+    instead of one more sync."""
     touched: set = set()
     fills = []
     for i, (st, keys, (reads, writes)) in enumerate(zip(stages, args, access)):
@@ -136,8 +213,7 @@ def _fills_first(stages: list, args: list, access: list) -> tuple[list, list, li
         if not any(reads) and mine and not (mine & touched) and _constant_stores(st.body):
             fills.append(i)
         touched |= {k for r, w, k in zip(reads, writes, keys) if r or w}
-    order = fills + [i for i in order if i not in fills]
-    return [stages[i] for i in order], [args[i] for i in order], [access[i] for i in order]
+    return fills + [i for i in range(len(stages)) if i not in fills]
 
 
 def _constant_stores(body) -> bool:

@@ -15,7 +15,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import dependence
-from ..core.ir_names import PREFETCH, STAGE_BLOCKS, STAGE_THREADS
+from ..core.ir_names import FUSED, PREFETCH, STAGE_BLOCKS, STAGE_THREADS
 
 GRID_SYNC = "tirx.cuda.grid_sync"
 BLOCK_BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce")
@@ -61,6 +61,28 @@ def is_grid_sync(stmt) -> bool:
 
 def is_prefetch(stmt) -> bool:
     return isinstance(stmt, tirx.For) and PREFETCH in stmt.annotations
+
+
+def is_fused(stmt) -> bool:
+    """A loop running several stages per virtual block (``channel``)."""
+    return isinstance(stmt, tirx.For) and FUSED in stmt.annotations
+
+
+def fused_parts(stmt) -> list:
+    """A fused loop's stages (one-trip loops carrying the stage annotations) and the barriers
+    between them, in order (its channel allocations left out)."""
+    body = stmt.body
+    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    return [s for s in seq if not isinstance(s, tirx.AllocBuffer)]
+
+
+def flat_stages(func: tirx.PrimFunc) -> list[tuple]:
+    """The stitched body's top-level sequence with every fused loop opened: ``(stmt, loop)``,
+    ``loop`` the fused loop whose variable walks ``stmt``'s virtual blocks (None at top level)."""
+    out = []
+    for stmt in stage_loops(func):
+        out += [(s, stmt) for s in fused_parts(stmt)] if is_fused(stmt) else [(stmt, None)]
+    return out
 
 
 def stage_loops(func: tirx.PrimFunc) -> list:
@@ -133,8 +155,9 @@ def decompose(value, extents: list[tuple]) -> dict:
     return out
 
 
-def stage_view(stmt, bid, tid, grid: int) -> dependence.StageView | None:
-    """A stitched stage loop back in vb form (None if it is not one the stitcher wrote)."""
+def stage_view(stmt, bid, tid, grid: int, loop=None) -> dependence.StageView | None:
+    """A stitched stage loop back in vb form (None if it is not one the stitcher wrote); a stage
+    of a fused loop with that ``loop``, whose variable walks its virtual blocks."""
     ann = stmt.annotations if isinstance(stmt, tirx.For) else {}
     if STAGE_BLOCKS not in ann or STAGE_THREADS not in ann:
         return None
@@ -143,6 +166,6 @@ def stage_view(stmt, bid, tid, grid: int) -> dependence.StageView | None:
     if isinstance(body, tirx.IfThenElse) and body.else_case is None and \
             tvm_ffi.structural_equal(body.condition, tid < tirx.const(threads, "int64")):
         body = body.then_case
-    vb = stmt.loop_var * tirx.const(grid, "int64") + bid
+    vb = (loop if loop is not None else stmt).loop_var * tirx.const(grid, "int64") + bid
     body = tvm_ffi.structural_map(body, (tirx.Add, lambda e: dependence.VB if tvm_ffi.structural_equal(e, vb) else e))
     return dependence.StageView(body, tid, int(ann[STAGE_BLOCKS]), threads)

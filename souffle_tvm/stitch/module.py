@@ -46,6 +46,9 @@ class StitchedKernel:
     # stage PrimFunc name -> its schedule at ``block``, where that is not the module's (``STITCH_BLOCK``) one
     stage_funcs: dict = field(default_factory=dict)
     block_reason: str | None = None   # why ``block`` is not ``STITCH_BLOCK``
+    # per entry of ``stages``: the positions of its parameters kept on chip (``channel``)
+    onchip: list[list[int]] = field(default_factory=list)
+    onchip_bytes: int = 0          # per block: the shared memory those channels take
 
 
 def kernel_name(subprogram: int) -> str:
@@ -79,12 +82,15 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                   block: int = STITCH_BLOCK,
                   grids: dict[str, int] | None = None,
                   min_blocks: dict[str, int] | None = None,
-                  blocks: dict[str, tuple[int, dict]] | None = None) -> tuple[tvm.IRModule, list[StitchedKernel]]:
+                  blocks: dict[str, tuple[int, dict]] | None = None,
+                  onchip: bool = True) -> tuple[tvm.IRModule, list[StitchedKernel]]:
     """Replace each subprogram's consecutive ``call_tir`` bindings of ``main`` by ONE call.
 
     ``subprograms`` lists, per subprogram, the positions of its calls among main's call_tir
-    bindings. The stage PrimFuncs must be scheduled with ``block`` threads. Intermediates
-    become extra outputs of the stitched call (global buffers the VM allocates).
+    bindings. The stage PrimFuncs must be scheduled with ``block`` threads. An intermediate
+    proven block-local and read nowhere after the kernel stays on chip (``onchip``: the
+    channel, ``channel``); the others become extra outputs of the stitched call (global
+    buffers the VM allocates).
 
     Each kernel launches ``grids.get(name, grid)`` blocks, capped at the most blocks any of its
     stages has (more would idle at every grid sync). The co-resident limit is left to the
@@ -137,7 +143,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
                         size, funcs = blocks.get(name, (block, {}))
                         kernels.append(_emit_stitched(bb, mod, target, calls, aliases, env,
                                                       (grids or {}).get(name, grid), size, k, used_after,
-                                                      (min_blocks or {}).get(name), funcs))
+                                                      (min_blocks or {}).get(name), funcs, onchip))
                     continue
                 if i in alias_positions:      # a field of a stitched call: already bound by the stitch
                     continue
@@ -180,7 +186,7 @@ def _aliases(bindings, calls) -> dict:
 
 
 def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after=None,
-                   min_blocks=None, stage_funcs=None) -> StitchedKernel:
+                   min_blocks=None, stage_funcs=None, onchip=True) -> StitchedKernel:
     """Stitch ``calls`` (subprogram ``index``) into one kernel, check it, and emit its call.
     ``stage_funcs``: stage PrimFuncs by name, scheduled at ``block``, in place of ``mod``'s."""
     stage_funcs = stage_funcs or {}
@@ -218,10 +224,16 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
         if used_after is None or b.var in used_after:
             leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
-    func, syncs, stacks = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args],
-                                 grid, block, name=name, target=target, param_keys=keys,
-                                 stackable=lambda k: isinstance(k, Produced) and k not in leaves,
-                                 min_blocks=min_blocks)
+    private = lambda k: isinstance(k, Produced) and k not in leaves  # noqa: E731 - made here, read nowhere after
+    func, syncs, stacks, channels, order = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa]
+                                                    for fa in args],
+                                           grid, block, name=name, target=target, param_keys=keys,
+                                           stackable=private, min_blocks=min_blocks,
+                                           private=private if onchip else None)
+    onchip_keys = {ch.key for ch in channels if not ch.dual}
+    if onchip_keys:         # no longer outputs of the call: they never leave the chip
+        kept = [(k, t) for k, t in zip(produced, types) if k not in onchip_keys]
+        produced, types = [k for k, _ in kept], [t for _, t in kept]
     if stacks:
         kind = dict(zip(produced, types))
         stacked = rolling.stacked_keys(stacks)
@@ -247,4 +259,16 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           max_blocks=max(st.num_blocks for st in stages), function=gv.name_hint, stage_ids=ids,
                           geometry=[(st.num_blocks, st.num_threads) for st in stages], min_blocks=min_blocks,
                           block=block, stage_funcs={ident.function: stage_funcs[ident.function] for ident in ids
-                                                    if ident.function in stage_funcs})
+                                                    if ident.function in stage_funcs},
+                          onchip=_onchip_positions(channels, order, args), onchip_bytes=sum(ch.bytes for ch in channels))
+
+
+def _onchip_positions(channels: list, order: list[int], args: list[list]) -> list[list[int]]:
+    """Per stage (in ``args``' order), the positions of the parameters whose global traffic it no
+    longer makes: a channel's readers, and its writer unless the tensor is written out too."""
+    out: list[list[int]] = [[] for _ in args]
+    for ch in channels:
+        for i in ch.readers + ([] if ch.dual else [ch.writer]):
+            stage = order[i]
+            out[stage] += [j for j, x in enumerate(args[stage]) if isinstance(x, Produced) and x == ch.key]
+    return [sorted(set(p)) for p in out]

@@ -1,0 +1,154 @@
+"""The on-chip channel (stitch.channel): a block-local intermediate of a stitched kernel lives in
+shared memory. Two forms: resident (each virtual block has a block of its own: the buffer
+outlives grid syncs) and fused (more virtual blocks than blocks: producer and consumer share
+one grid-stride loop). Each is checked by the static check, the race checker in three block
+orders with on-chip buffers poisoned with NaN, and numerics against numpy or onnxruntime."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.script import tirx as T
+
+from conftest import needs_nvcc
+from test_two_phase import gemm_then
+from souffle_tvm.core.targets import make_target
+from souffle_tvm.frontend import importer as frontend
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
+from souffle_tvm.runtime import races, runner
+from souffle_tvm.stitch import check as stitch_check, dependence, kernel, kernel_ir, lower
+
+CUDA = make_target("cuda")
+ORDERS = ("ascending", "descending", "shuffle:5")
+
+
+@T.prim_func
+def double(a: T.Buffer((T.int64(512),), "float32"), b: T.Buffer((T.int64(512),), "float32")):
+    bx = T.launch_thread("blockIdx.x", T.int64(8))
+    tx = T.launch_thread("threadIdx.x", T.int64(64))
+    b[bx * 64 + tx] = a[bx * 64 + tx] * T.float32(2)
+
+
+@T.prim_func
+def mirror(b: T.Buffer((T.int64(512),), "float32"), c: T.Buffer((T.int64(512),), "float32")):
+    # reads another thread's element of its own block: block-local, a __syncthreads() apart
+    bx = T.launch_thread("blockIdx.x", T.int64(8))
+    tx = T.launch_thread("threadIdx.x", T.int64(64))
+    c[bx * 64 + tx] = b[bx * 64 + 63 - tx] + T.float32(1)
+
+
+def _stitched(grid: int, private: bool = True) -> kernel.Stitched:
+    stages = lower.lower_stage("double", double, CUDA) + lower.lower_stage("mirror", mirror, CUDA)
+    return kernel.stitch(stages, [["a", "b"], ["b", "c"]], grid, 64, param_keys=["a", "b", "c"],
+                         private=(lambda k: k == "b") if private else (lambda k: False))
+
+
+def _run(func, order="ascending"):
+    a = np.random.default_rng(0).standard_normal(512).astype("float32")
+    args = [a] + [np.zeros(512, "float32") for _ in func.params[1:]]
+    outs, report = races.Emulation(tvm.IRModule({"k": func}), CUDA).run(args, order=order)
+    return a, outs[-1], report
+
+
+def _shared_allocs(func) -> list:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda x: found.append(x.buffer)
+                                        if str(x.buffer.ty.storage_scope) == "shared" else None))
+    return found
+
+
+@pytest.mark.parametrize("grid,form", [(8, "resident"), (3, "fused")])
+def test_a_block_local_intermediate_stays_on_chip(grid, form):
+    st = _stitched(grid)
+    [ch] = st.channels
+    assert ch.resident == (form == "resident") and not ch.dual and ch.bytes == 64 * 4
+    # b is no parameter any more: nothing of it leaves the chip
+    assert [p.name for p in st.func.params] == ["a", "c"]
+    assert [b.name for b in _shared_allocs(st.func)] == ["b_onchip"]
+    fused = [s for s in kernel_ir.stage_loops(st.func) if kernel_ir.is_fused(s)]
+    assert len(fused) == (form == "fused")
+    assert stitch_check.check(st.func, grid, None).ok
+    for order in ORDERS:
+        a, c, report = _run(st.func, order)
+        assert report.ok, (order, str(report))
+        np.testing.assert_allclose(c, (2 * a).reshape(8, 64)[:, ::-1].reshape(-1) + 1, rtol=1e-6)
+
+
+def test_a_tensor_read_after_the_kernel_stays_global():
+    st = _stitched(8, private=False)
+    [ch] = st.channels
+    assert ch.dual and [p.name for p in st.func.params] == ["a", "b", "c"]
+    a, c, report = _run(st.func)
+    assert report.ok and np.allclose(c, (2 * a).reshape(8, 64)[:, ::-1].reshape(-1) + 1)
+
+
+def test_the_fused_loop_without_its_closing_barrier_is_refused():
+    st = _stitched(3)
+    seq = kernel_ir.stage_loops(st.func)
+    loop = next(s for s in seq if kernel_ir.is_fused(s))
+    body = list(loop.body.seq)
+    assert dependence.is_block_barrier(body[-1])
+    cut = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt(body[:-1]), annotations=loop.annotations)
+    broken = kernel_ir.replace_stages(st.func, [cut if s.same_as(loop) else s for s in seq])
+    problems = stitch_check.check(broken, 3, None).problems
+    assert problems and "overwrites its channels" in problems[0]
+
+
+def test_a_channel_read_before_it_is_written_reads_poison():
+    """The writer's store to the channel removed: the reader sees the NaN the emulator fills
+    on-chip buffers with, never a stale or zero value."""
+    st = _stitched(8)
+    [ch] = st.channels
+    gone = tvm_ffi.structural_map(st.func.body, (tirx.BufferStore, lambda s: tirx.Evaluate(tirx.const(0, "int32"))
+                                                 if s.buffer.same_as(ch.buffer) else s))
+    _, c, _ = _run(tirx.PrimFunc(st.func.params, gone, attrs=st.func.attrs))
+    assert np.isnan(c).all()
+
+
+@pytest.fixture(scope="module", params=["softmax", "layernorm"])
+def gemm_row_op(request):
+    m = frontend.import_onnx(gemm_then(request.param))
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+
+
+def test_the_partial_after_a_gemm_reads_the_tile_on_chip(gemm_row_op):
+    """GEMM -> two-phase partial: the partial reads the GEMM's tile from the GEMM block's shared
+    memory (a resident channel); the normalisation, tiled otherwise, still reads global memory,
+    so the GEMM writes both. Three block orders, race-checked, against onnxruntime."""
+    m, souffle = gemm_row_op
+    [sk] = souffle.stitched
+    assert sk.onchip_bytes > 0
+    partial = next(i for i, s in enumerate(sk.stages) if s.endswith("_partial"))
+    assert sk.onchip[partial], sk.onchip
+    emu = races.Emulation(souffle.mod, CUDA)
+    feeds = runner.random_inputs(m.inputs, 0)
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for order in ORDERS:
+        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), souffle.params, order)
+        assert report.ok, str(report)
+        for cmp in runner.compare(m.outputs, outs, ref):
+            assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
+
+
+def test_without_the_channel_the_partial_reads_global_memory():
+    m = frontend.import_onnx(gemm_then("softmax"))
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", onchip=False))
+    [sk] = souffle.stitched
+    assert sk.onchip_bytes == 0 and not any(sk.onchip)
+    assert not _shared_allocs_at_top(souffle.mod[sk.function])
+
+
+def _shared_allocs_at_top(func) -> list:
+    return [s for s in kernel_ir.stage_loops(func) if isinstance(s, tirx.AllocBuffer)]
+
+
+@needs_nvcc
+def test_channels_build_with_nvcc_without_spills():
+    from souffle_tvm.pipeline.driver import compile as compile_model
+    c = compile_model(gemm_then("softmax"), "cuda", "souffle", level="v3")
+    assert "_onchip" in c.cuda_source or "onchip" in str(c.report.kernels[0].stage_plan)
+    [k] = [k for k in c.report.kernels if k.cooperative]
+    assert k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
+    assert any(st.get("onchip_bytes") for st in k.stage_plan)
