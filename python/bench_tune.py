@@ -82,7 +82,8 @@ def main() -> int:
     t0 = time.perf_counter()
     results = []
     if todo and not args.no_tune:
-        results = tune.tune_tasks(todo, target, args.database, args.trials, tune.make_runner(target, None, None))
+        results = tune.tune_tasks(todo, target, args.database, args.trials, tune.make_runner(target, None, None),
+                                   level="v2")
     tune_seconds = time.perf_counter() - t0
     db = database.open_database(args.database)
     rows = []

@@ -18,11 +18,13 @@ before the checked run; median latency with CUDA events, with and without a CUDA
 kernels per inference from the profiler's trace. Probes: a cooperative grid at the
 co-resident limit runs and is right; one block per SM more is refused with an error (in a
 subprocess with a timeout, so a hang could not eat the lease); the same kernel without its
-grid sync. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
+grid sync; the same kernel built as the pass form with TVM's default TIR pipeline (no
+cooperative flag), whose entry check must trap instead of hanging. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
 against ``souffle_tvm.core.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
 
     .venv/bin/python python/gpu_check.py prepare [--models bert mmoe] [--sizes small full]
     python3 python/gpu_check.py run --bundle gpu_bundle --out $OUT     # on the device
+    python3 python/gpu_check.py tests --bundle gpu_bundle               # the gpu-marked tests, on the device
 
 On the device the bundle travels as ``gpu_bundle.tgz`` (see docs/gpu-check.md for the command).
 """
@@ -80,6 +82,7 @@ def prepare(args) -> int:
     if not args.no_wheel:
         _fetch_ffi_wheel(out / "wheels")
     manifest["probes"] = _build_probes(out, store)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))     # a probes-only bundle is one too
     gpu = hardware.for_arch(ARCH)
     carried = 0
     steps = _steps(args)
@@ -237,18 +240,23 @@ def _copy_runtime(out: Path) -> None:
 
 
 def _fetch_ffi_wheel(dest: Path) -> None:
-    """The device's Python is 3.12: fetch the matching apache-tvm-ffi wheel once (PyPI)."""
+    """The device's Python is 3.12: fetch the matching apache-tvm-ffi wheel once (PyPI), and
+    pytest's (pure Python, with its dependencies) for `gpu_check.py tests` where the device lacks it."""
     import importlib.metadata
 
-    if list(dest.glob("apache_tvm_ffi-*-cp312-*.whl")):
-        return
     version = importlib.metadata.version("apache-tvm-ffi")
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-           "--platform", "manylinux_2_17_x86_64", "-d", str(dest), f"apache-tvm-ffi=={version}"]
-    if subprocess.run(cmd, capture_output=True).returncode != 0:
-        print(f"note: could not download apache-tvm-ffi=={version} for cp312 into {dest}; "
-              "put it there before running on the device", flush=True)
+    wanted = [("apache_tvm_ffi-*-cp312-*.whl", [f"apache-tvm-ffi=={version}", "--no-deps", "--implementation", "cp",
+                                               "--platform", "manylinux_2_28_x86_64",
+                                               "--platform", "manylinux_2_17_x86_64"]),
+              ("pytest-*.whl", ["pytest"])]
+    for pattern, spec in wanted:
+        if list(dest.glob(pattern)):
+            continue
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.12",
+               "-d", str(dest), *spec]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            print(f"note: could not download {spec[0]} for cp312 into {dest}; "
+                  "put it there before running on the device", flush=True)
 
 
 def _build_probes(out: Path, store) -> list[dict]:
@@ -264,7 +272,12 @@ def _build_probes(out: Path, store) -> list[dict]:
     per_sm = first["predicted_blocks_per_sm"]
     (out / first["lib"]).unlink()
     return [_build_probe(out, store, kind, gpu.sms * (per_sm + (kind == "oversized")), block)
-            for kind in ("coresident", "oversized", "nosync")]
+            for kind in PROBES]
+
+
+# noflag: the pass form's entry check (``build.cooperative.guard_grid_sync``) built with TVM's
+# default TIR pipeline, so launched without the cooperative flag: it must trap, not hang
+PROBES = ("coresident", "oversized", "nosync", "noflag")
 
 
 def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
@@ -291,10 +304,16 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
         stages += lower.lower_stage(f"s{k}", mod["main"], target)
     name = f"probe_{kind}"
-    func, _, _ = kernel.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)
+    func = kernel.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)[0]
     if kind == "nosync":
         func = _without_grid_syncs(func)
-    lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=build_tvm.TIR_PIPELINE)
+    pipeline = build_tvm.TIR_PIPELINE
+    if kind == "noflag":
+        from souffle_tvm.build import cooperative
+
+        func = cooperative.guard_grid_sync(tvm.IRModule({name: func}))[0][name]
+        pipeline = "default"
+    lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=pipeline)
     path = out / "libs" / f"{name}.so"
     lib.export_library(str(path))
     src = "\n".join(m.inspect_source() for m in lib.imports if m.kind == "cuda")
@@ -305,7 +324,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     return {"name": name, "kind": kind, "lib": str(path.relative_to(out)), "func": name, "kernel": kname,
             "cubin": store.path(src).name, "grid": grid, "block": block, "n": n, "shift": shift,
             "registers": res[kname].registers, "predicted_blocks_per_sm": occ.blocks_per_sm,
-            "grid_sync": kernel_ir.has_grid_sync(func)}
+            "grid_sync": kernel_ir.has_grid_sync(func), "cooperative": kind != "noflag"}
 
 
 def _without_grid_syncs(func):
@@ -468,14 +487,14 @@ def once_main(args) -> int:
     return 0
 
 
-def _run_probe(bundle: Path, probe: dict) -> dict:
+def _run_probe(bundle: Path, probe: dict, timeout: float = 90) -> dict:
     """Run one probe in a child process: a hung grid sync costs its timeout, not the lease."""
     cmd = [sys.executable, __file__, "probe", "--bundle", str(bundle), "--name", probe["name"]]
     t = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"name": probe["name"], "kind": probe["kind"], "outcome": "HANG (killed after 90 s)"}
+        return {"name": probe["name"], "kind": probe["kind"], "outcome": f"HANG (killed after {timeout:.0f} s)"}
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
     r = json.loads(line) if line else {"outcome": "crashed", "stderr": proc.stderr[-1500:]}
     r.update(name=probe["name"], kind=probe["kind"], grid=probe["grid"], block=probe["block"],
@@ -769,8 +788,23 @@ def main() -> int:
     q = sub.add_parser("probe", help="(internal) run one cooperative-launch probe")
     q.add_argument("--bundle", required=True)
     q.add_argument("--name", required=True)
+    t = sub.add_parser("tests", help="run the gpu-marked tests (tests/test_gpu.py) against the bundle (needs pytest)")
+    t.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
     args = ap.parse_args()
-    return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main, "record": record}[args.cmd](args)
+    return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main, "record": record,
+            "tests": tests_main}[args.cmd](args)
+
+
+def tests_main(args) -> int:
+    """pytest -m gpu on tests/test_gpu.py with the bundle (the device: no TVM; the tests need none)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pytest") is None:
+        print("pytest is not installed here: install it (prepare puts its wheels in the bundle's wheels/)")
+        return 2
+    env = {**os.environ, "SOUFFLE_GPU_BUNDLE": str(Path(args.bundle).resolve())}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")]
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
 def record(args) -> int:

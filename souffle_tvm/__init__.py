@@ -1,6 +1,7 @@
 """souffle-tvm: Souffle (ASPLOS 2024) as a TVM extension.
 
-``souffle_tvm.compile(model, target, fusion=...)`` is the one-call API; ``souffle-tvm`` the CLI.
+``souffle_tvm.compile(model, target, fusion=...)`` is the one-call API; ``souffle-tvm`` the CLI;
+``souffle_tvm.transform`` (``import souffle_tvm.transform``) the passes, for a user's own ``tvm.compile``.
 
 The compiler entry points are imported lazily: ``souffle_tvm.zoo``, ``souffle_tvm.runtime.numerics``
 and ``souffle_tvm.runtime.standalone`` work where only numpy/onnx and the TVM *runtime* exist (the

@@ -224,9 +224,11 @@ def _tune_parser(sub) -> None:
     p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure on remote GPUs registered with this TVM RPC tracker (needs --rpc-key)")
     p.add_argument("--rpc-key", default=None, metavar="KEY", help="the device key the RPC servers registered with")
-    p.add_argument("--fusion-level", default="v2", choices=["v2", "v3"],
-                   help="whose groups to tune: v2 kernels (default) or the v3 stages (after two-phase "
-                        "reductions; a tuned v3 stage is used only if its thread count is the stitched kernel's)")
+    p.add_argument("--fusion-level", default="auto", choices=["auto", "v2", "v3"],
+                   help="whose groups to tune: auto (default) = those of the level `compile --fusion souffle` "
+                        "builds by default (its --level auto: v3 with the time-driven partitioner, for the same "
+                        "target); v2 kernels; or the v3 stages (after two-phase reductions; a tuned v3 stage is "
+                        "used only if its thread count is the stitched kernel's)")
 
 
 def cmd_tune(args) -> int:

@@ -74,3 +74,8 @@ class SouffleWarning(UserWarning):
 class CacheWarning(SouffleWarning):
     """A cache entry (ptxas figures, a cubin, a tuning database line) was unreadable; it is
     recomputed or skipped, never trusted."""
+
+
+class CooperativeBuildWarning(UserWarning):
+    """A module holds stitched cooperative kernels: it must be built with the TIR pipeline that
+    launches them cooperatively (``souffle_tvm.transform.COOPERATIVE_TIR_PIPELINE``)."""

@@ -29,7 +29,7 @@ from tvm import tirx
 from .build.executable import primfunc_calls
 from .codegen import database as db
 from .pipeline import results
-from .pipeline.options import Options
+from .pipeline.options import AUTO, Options
 from .errors import TuningError
 from .core.targets import describe, is_cuda
 
@@ -64,12 +64,13 @@ class TuneSummary:
     seconds: float = 0.0
 
 
-def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = "v2") -> list[Task]:
+def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, level: str = AUTO) -> list[Task]:
     """The distinct group PrimFuncs the Souffle pipeline emits for this model, unscheduled.
 
     v2 and v3 differ: v3 also splits GEMM-fed reductions in two phases, so its groups (the
-    stages it stitches) are not v2's. The pipeline runs once with the default schedules; only
-    its unscheduled twin is kept.
+    stages it stitches) are not v2's; ``auto`` (the default, as ``compile``'s) is v3 with the
+    time-driven partitioner, which splits only where the latency model predicts it pays. The
+    pipeline runs once with the default schedules; only its unscheduled twin is kept.
     """
     result = results.run(mod, target, params, Options(level=level))
     calls = primfunc_calls(result.unscheduled)
@@ -187,13 +188,16 @@ def _in_process_builder():
 
 
 # -- tuning -------------------------------------------------------------------------------------
-def tuning_target(target: tvm.target.Target, level: str = "v2") -> tvm.target.Target:
+TUNE_LEVELS = (AUTO, "v2", "v3")     # auto: compile's default level, as it resolves for the target
+
+
+def tuning_target(target: tvm.target.Target, level: str = AUTO) -> tvm.target.Target:
     """The target MetaSchedule searches for. CPU: with ``num-cores`` (its CPU rules require it;
-    this machine's count). CUDA at v3: at most the stitched kernel's block size of threads,
-    so fewer tuned stages are refused at compile time for another block size."""
+    this machine's count). CUDA at v3 (and auto, which is v3): at most the stitched kernel's
+    block size of threads, so fewer tuned stages are refused at compile time for another block size."""
     attrs = {k: v for k, v in target.attrs.items() if k != "keys"}
     if is_cuda(target):
-        if level != "v3":
+        if Options(level=level).resolved().level != "v3":
             return target
         from .core.geometry import STITCH_BLOCK
 
@@ -259,25 +263,28 @@ def tune_tasks(tasks: list[Task], target: tvm.target.Target, work_dir: str, tria
     return results
 
 
-def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, level: str = "v2",
+def tune(model, target: tvm.target.Target, database_dir: str, trials: int, *, level: str = AUTO,
          small: bool = False, dtype: str = "float32", shapes: dict | None = None, bind: dict | None = None,
          rpc_tracker: str | None = None, rpc_key: str | None = None, max_tasks: int | None = None,
          log: Callable[[str], None] = print) -> TuneSummary:
     """Tune every distinct Souffle stage of ``model`` for ``target``; the records go to
     ``database_dir`` (``souffle_tvm.compile(..., database=database_dir)`` applies them).
 
+    ``level``: whose stages, v2's or v3's; ``auto`` (the default) those of the level ``compile``
+    builds by default for this target (``Options.resolved``: v3, time-driven).
     ``max_tasks`` tunes only the first N distinct stages (the rest keep the default rules)."""
     from .frontend.importer import ImportedModel, import_onnx
 
     if trials < 1:
         raise TuningError(f"--trials must be at least 1 (got {trials})")
-    if level not in ("v2", "v3"):
-        raise TuningError(f"tuning follows the v2 or v3 groups (got level {level!r})")
+    if level not in TUNE_LEVELS:
+        raise TuningError(f"tuning follows the auto, v2 or v3 groups (got level {level!r})")
     t0 = time.perf_counter()
     runner = make_runner(target, rpc_tracker, rpc_key)     # first: a missing GPU stops us at once
     imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
                                                                           bind=bind)
     tasks = extract_tasks(imported.mod, target, imported.params, level)
+    level = Options(level=level).check(target).level      # auto as the level it stands for
     log(f"{imported.name}: {len(tasks)} distinct stages ({sum(t.calls for t in tasks)} group calls) at {level}, "
         f"target {describe(target)}, {trials} trials each, database {database_dir}")
     if max_tasks is not None:

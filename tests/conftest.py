@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from souffle_tvm import zoo
-from souffle_tvm.runtime import runner
-from souffle_tvm.pipeline.driver import compile as compile_model
 
+# No TVM at import: the gpu-marked tests (tests/test_gpu.py) run on a GPU machine that has only
+# TVM's runtime (python/gpu_check.py tests); what needs the compiler imports it where used.
 ZOO = zoo.names()
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def llvm_builds():
     """Small zoo models built once per session for llvm: {(name, dtype): Compiled}."""
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
     cache = {}
 
     def get(name: str, dtype: str = "float32"):
@@ -49,6 +51,8 @@ def v3_builds():
 
 
 def run_and_compare(compiled, seed: int = 0):
+    from souffle_tvm.runtime import runner
+
     feeds = runner.random_inputs(compiled.model.inputs, seed)
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
@@ -61,7 +65,7 @@ def emulated_comparisons(m, mod, params, seed: int = 0):
     import tvm
 
     from souffle_tvm.core.targets import make_target
-    from souffle_tvm.runtime import emulate
+    from souffle_tvm.runtime import emulate, runner
 
     ex = tvm.compile(emulate.emulate_module(mod, make_target("cuda")), target=make_target("llvm"))
     feeds = runner.random_inputs(m.inputs, seed)

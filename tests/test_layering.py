@@ -30,6 +30,7 @@ LAYERS = [
     ("runtime",),
     ("report",),
     ("pipeline",),
+    ("transform",),
     ("tune",),
     ("cli",),
     ("",),

@@ -80,6 +80,25 @@ def test_gpu_check_bundle_is_complete(tmp_path):
     assert resources.nvcc_path() is not None
 
 
+@needs_nvcc
+def test_gpu_check_probes_only_bundle_has_the_flagless_pass_form_probe(tmp_path):
+    # what tests/test_gpu.py runs on a GPU: ``--models`` with no names builds the probes alone
+    bundle = tmp_path / "probes"
+    proc = subprocess.run([sys.executable, str(ROOT / "python" / "gpu_check.py"), "prepare", "--bundle", str(bundle),
+                           "--models", "--no-wheel"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((bundle / "manifest.json").read_text())
+    kinds = {p["kind"]: p for p in m["probes"]}
+    assert set(kinds) == {"coresident", "oversized", "nosync", "noflag"} and not m["cases"]
+    # the pass form's kernel built with TVM's default TIR pipeline: no cooperative flag, so its
+    # entry check is in; the cooperative pipeline's probe is flagged and has none
+    noflag, flagged = (bundle / kinds["noflag"]["lib"]).read_bytes(), (bundle / kinds["coresident"]["lib"]).read_bytes()
+    assert b"tirx.use_cooperative_launch" not in noflag and b"souffle_require_cooperative_grid();" in noflag
+    assert b"tirx.use_cooperative_launch" in flagged and b"souffle_require_cooperative_grid" not in flagged
+    assert kinds["noflag"]["grid"] == kinds["coresident"]["grid"] and not kinds["noflag"]["cooperative"]
+    assert (bundle / "cubins" / kinds["noflag"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
+
+
 def test_gpu_check_reads_nsight_compute_csv():
     sys.path.insert(0, str(ROOT / "python"))
     import gpu_check

@@ -251,3 +251,30 @@ def test_tuning_targets():
     assert int(tune.tuning_target(make_target("llvm")).attrs["num-cores"]) == (os.cpu_count() or 1)
     assert database.same_target(v3, make_target("cuda", "sm_80"))
     assert not database.same_target(v3, make_target("cuda", "sm_90"))
+
+
+def test_tune_defaults_to_the_stages_compile_builds_by_default_for_the_same_target():
+    import inspect
+
+    import tvm
+    import tvm_ffi
+
+    from souffle_tvm import cli
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import driver, results
+    from souffle_tvm.pipeline.options import Options
+
+    parser = cli.build_parser()
+    compile_level = parser.parse_args(["compile", "mmoe"]).level
+    assert parser.parse_args(["tune", "mmoe", "--database", "db"]).fusion_level == compile_level
+    default = inspect.signature(driver.compile).parameters["level"].default
+    assert inspect.signature(tune.tune).parameters["level"].default == default == compile_level
+    # CUDA: searched at the thread limit of the stitched kernels the default level builds
+    cuda = make_target("cuda", "sm_80")
+    assert tune.tuning_target(cuda).attrs["max_threads_per_block"] == tune.tuning_target(cuda, "v3").attrs[
+        "max_threads_per_block"]
+    # the tasks are the stage functions of that build, time-driven partitioner included
+    model = import_onnx("mmoe", None, small=True)
+    built = results.run(model.mod, cuda, model.params, Options(level=default))
+    want = {tvm_ffi.structural_hash(f) for f in built.unscheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert {tvm_ffi.structural_hash(t.func) for t in tune.extract_tasks(model.mod, cuda, model.params)} == want

@@ -13,19 +13,32 @@ the weights ``main`` now takes in the attribute ``souffle.params`` (:func:`param
                                     SoufflePipeline(target, params, Options(level="v3"))])
     mod = seq(mod)
     ex = tvm.compile(mod, target, tir_pipeline=COOPERATIVE_TIR_PIPELINE)
+
+Weights come either separately (``params``, or the ``params`` attribute of ``main``; ``main``
+then takes the new weights after its inputs, :func:`params_of`) or bound into ``main`` as
+constants (``relax.transform.BindParams``, TVM's ``from_onnx`` default): then ``LowerToTE``
+takes the floating-point tensor constants as the weights and ``BindWeights`` binds the new
+weights back, so ``main`` keeps taking only its inputs. ``RequireCooperativeLaunch`` (v3, CUDA)
+makes each stitched kernel trap at entry when launched without the cooperative flag, and warns
+that the build needs ``COOPERATIVE_TIR_PIPELINE``. ``souffle_tvm.transform`` re-exports them.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
+
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm import relax
 
+from ..build import cooperative
 from ..codegen import emit
 from ..core import hardware, latency
 from ..core.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
-from ..errors import SouffleError
+from ..errors import CooperativeBuildWarning, SouffleError
 from ..partition import by_time, kernels, subprograms
 from ..partition.block_size import TIME_BLOCKS
 from ..partition.groups import readers_of, outputs_of
@@ -39,6 +52,7 @@ from .options import LEVEL_DISABLES, Feedback, Options
 PROGRAM = "souffle.te_program"
 INFO = "souffle.info"
 PARAMS = "souffle.params"
+BOUND = "bound_weights"     # INFO key: LowerToTE took the weights from constants; BindWeights binds them back
 
 
 def _program(mod: tvm.IRModule) -> te_program.TEProgram:
@@ -84,12 +98,25 @@ def without_records(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
+def _constants_as_weights(prog: te_program.TEProgram) -> te_program.TEProgram:
+    """Bound weights as weights: the floating-point constants with at least one axis become
+    weights with their values (what the transforms may rewrite: stack, fold); integer constants
+    stay constants, which the vertical transform folds into indices."""
+    moved = [t for t in prog.constants if len(t.shape) >= 1 and str(t.dtype).startswith(("float", "bfloat"))]
+    prog.weights = list(prog.weights) + moved
+    prog.weight_values = {**prog.weight_values, **{t.op: prog.constants[t] for t in moved}}
+    prog.constants = {t: v for t, v in prog.constants.items() if t not in set(moved)}
+    return prog
+
+
 @tvm.transform.module_pass(opt_level=0, name="souffle.LowerToTE")
 class LowerToTE:
     """Relax ``main`` → one TEProgram (weights as placeholders, their values when given).
 
     ``params``: the weight arrays in ``main``'s parameter order after the inputs; if None,
-    the ``params`` function attribute that ``from_onnx(keep_params_in_input=True)`` leaves.
+    the ``params`` function attribute that ``from_onnx(keep_params_in_input=True)`` leaves;
+    if neither and ``main`` takes only its inputs, the weights are bound into it as constants
+    (``relax.transform.BindParams``), and those are taken as the weights.
     """
 
     def __init__(self, params: list | None = None):
@@ -100,7 +127,10 @@ class LowerToTE:
         main = mod["main"]
         if params is None and main.attrs is not None and "params" in main.attrs:
             params = [p.numpy() for p in main.attrs["params"]]
-        return _store(mod, te_program.lower(mod, weight_values=params))
+        prog = te_program.lower(mod, weight_values=params)
+        if params is None and not prog.weights:
+            return _store(mod, _constants_as_weights(prog), **{BOUND: True})
+        return _store(mod, prog)
 
 
 def _transform_pass(name: str, fn, key: str, doc: str):
@@ -196,13 +226,15 @@ class StitchSubprograms:
     ONE cooperative kernel (``stitch.module``). CUDA only; the groups must have been scheduled
     with ``STITCH_BLOCK`` threads (``PartitionAndEmit(block_size=STITCH_BLOCK)``).
 
-    ``feedback``: what a build with ptxas found (cuts to force, grids to launch)."""
+    ``feedback``: what a build with ptxas found (cuts to force, grids to launch). ``onchip``:
+    keep block-local intermediates in shared memory (``stitch.channel``)."""
 
     def __init__(self, target: tvm.target.Target | None = None, partitioner: str = "budget",
-                 feedback: Feedback | None = None):
+                 feedback: Feedback | None = None, onchip: bool = True):
         self.target = target
         self.partitioner = partitioner
         self.feedback = feedback or Feedback()
+        self.onchip = onchip
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = _target(self.target)
@@ -256,7 +288,7 @@ class StitchSubprograms:
                 grids.update(sized.grids)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids, min_blocks=self.feedback.min_blocks,
-                                      blocks=sized.blocks)
+                                      blocks=sized.blocks, onchip=self.onchip)
         for k in stitched:
             k.block_reason = sized.why.get(k.index)
         if mod.attrs is not None and PARAMS in mod.attrs:
@@ -288,19 +320,86 @@ class PlantPrefetch:
         return planted.with_attr(INFO, tvm_ffi.convert({**info, "stitched": stitched}))
 
 
+COOPERATIVE_BUILD_NOTE = (
+    "souffle-tvm: the module has stitched cooperative kernels (they grid-sync): build it with "
+    "tvm.compile(mod, target, tir_pipeline=COOPERATIVE_TIR_PIPELINE), imported from souffle_tvm.transform "
+    "(or souffle_tvm.build.cooperative); with TVM's default TIR pipeline they launch without the "
+    "cooperative flag and trap at entry")
+
+
+@tvm.transform.module_pass(opt_level=0, name="souffle.RequireCooperativeLaunch")
+class RequireCooperativeLaunch:
+    """Each stitched kernel checks at entry that it was launched as a cooperative grid and traps
+    if not (a build with TVM's default TIR pipeline would otherwise reach its first grid sync
+    uncooperatively); warns once that the build needs ``COOPERATIVE_TIR_PIPELINE``, which
+    launches them cooperatively and drops the check (``build.cooperative``)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        out, guarded = cooperative.guard_grid_sync(mod.clone())     # clone: the caller's module stays as it was
+        if guarded:
+            warnings.warn(COOPERATIVE_BUILD_NOTE, CooperativeBuildWarning, stacklevel=2)
+        return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="souffle.BindWeights")
+class BindWeights:
+    """Bound weights in, bound weights out: where ``LowerToTE`` took the weights from constants,
+    the weights the emitted ``main`` takes (:func:`params_of`) are bound back as constants, so
+    ``main`` takes only its inputs and ``tvm.compile`` builds a self-contained module."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not _info(mod).get(BOUND):
+            return mod
+        main = mod["main"]
+        n = int(main.attrs["num_input"]) if main.attrs is not None and "num_input" in main.attrs else len(main.params)
+        bound = dict(zip(main.params[n:], params_of(mod)))     # runtime tensors already
+        out = relax.transform.BindParams("main", bound)(mod) if bound else mod
+        return out.with_attr(PARAMS, tvm_ffi.convert([]))
+
+
 def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None = None,  # noqa: N802
                     options: Options | None = None, lower: bool = True, database=None,
-                    feedback: Feedback | None = None) -> tvm.transform.Pass:
+                    feedback: Feedback | None = None, *, level: str | None = None,
+                    cooperative_guard: bool = True) -> tvm.transform.Pass:
     """The passes of ``options.level`` (default v2): LowerToTE → FoldWeights → HorizontalFusion (v1+)
     → VerticalFusion (v2+) → TwoPhaseReduction (v3+) → PartitionAndEmit → StitchSubprograms (v3+,
-    CUDA) → PlantPrefetch (v4, CUDA).
+    CUDA) → PlantPrefetch (v4, CUDA) → RequireCooperativeLaunch (v3+, CUDA) → BindWeights.
 
-    ``lower=False`` starts from a module that already carries its TEProgram (``with_program``).
-    ``database``: an open MetaSchedule database (``codegen.database.open_database``) whose tuned
-    schedules replace the default rules for the groups it holds. ``feedback``: for stitching.
+    ``target``: None takes the current one (``with target:``), when the pass is made or else
+    when it runs (inside ``tvm.compile``, its target; llvm when there is none).
+    ``params``: the weights, separately (None: from ``main``'s ``params`` attribute, or bound
+    into ``main`` as constants). ``level``: short for ``Options(level=...)`` (overrides
+    ``options.level``). ``lower=False`` starts from a module that already carries its TEProgram
+    (``with_program``). ``database``: an open MetaSchedule database
+    (``codegen.database.open_database``) whose tuned schedules replace the default rules for the
+    groups it holds. ``feedback``: for stitching. ``cooperative_guard=False`` leaves out
+    ``RequireCooperativeLaunch`` (the driver, which always builds with the cooperative pipeline).
     """
-    target = _target(target)
-    options = (options or Options()).check(target)
+    options = options or Options()
+    options = replace(options, level=level) if level is not None else options
+
+    def make(target: tvm.target.Target) -> tvm.transform.Pass:
+        return _pipeline(target, params, options, lower, database, feedback, cooperative_guard)
+
+    target = target or tvm.target.Target.current(allow_none=True)
+    # which passes run depends on the target (stitching is CUDA's): without one yet, choose when it runs
+    return make(target) if target is not None else _AtCurrentTarget(make)
+
+
+@tvm.transform.module_pass(opt_level=0, name="souffle.PipelineAtCurrentTarget")
+class _AtCurrentTarget:
+    """``SoufflePipeline`` made for the target current when it runs (``tvm.compile`` sets it)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return self.make(_target(None))(mod)
+
+
+def _pipeline(target: tvm.target.Target, params: list | None, options: Options, lower: bool, database,
+              feedback: Feedback | None, cooperative_guard: bool) -> tvm.transform.Pass:
+    options = options.check(target)
     stitching = options.stitches(target)
     steps = [LowerToTE(params)] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too
@@ -310,8 +409,10 @@ def SoufflePipeline(target: tvm.target.Target | None = None, params: list | None
                                options.gemm_k_tile if stitching else None, database,
                                options.gemm_tile if stitching else None)]
     if stitching:
-        steps += [StitchSubprograms(target, options.partitioner, feedback),
+        steps += [StitchSubprograms(target, options.partitioner, feedback, options.onchip),
                   PlantPrefetch(target, (feedback or Feedback()).no_prefetch)]
+        steps += [RequireCooperativeLaunch()] if cooperative_guard else []
+    steps.append(BindWeights())
     left_out = LEVEL_DISABLES[options.level]
     return tvm.transform.Sequential([s for s in steps if s.info.name not in left_out], opt_level=0,
                                     name="souffle.Pipeline")

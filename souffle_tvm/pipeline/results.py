@@ -56,8 +56,9 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Opt
     database = open_database(options.database) if options.database is not None else None
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
     with tvm.transform.PassContext(opt_level=3):
+        # no entry check: the driver always builds with the cooperative TIR pipeline
         out = passes.SoufflePipeline(target, params, options, lower=False, database=database,
-                                     feedback=feedback)(mod)
+                                     feedback=feedback, cooperative_guard=False)(mod)
     return _collect(out, options, feedback)
 
 
@@ -76,7 +77,7 @@ def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedba
     facts = {k: v for k, v in (("group_facts", souffle.group_facts), ("at_sizes", souffle.at_sizes)) if v is not None}
     mod = passes.with_info(souffle.unstitched, program=souffle.program, partition=souffle.partition, **facts,
                            unscheduled=souffle.unscheduled)
-    steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback)]
+    steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback, souffle.options.onchip)]
     if souffle.options.level == "v4":
         steps.append(passes.PlantPrefetch(target, feedback.no_prefetch))
     out = tvm.transform.Sequential(steps)(mod)
