@@ -28,7 +28,7 @@ from souffle_tvm.pipeline.options import Options
 from souffle_tvm.report import assemble, counted
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ("tvm", "v2", "v3")
+CONFIGS = ("tvm", "v2", "v3", "v3-offchip")     # v3-offchip: v3 with every intermediate in global memory
 
 
 def one(name: str, config: str) -> dict:
@@ -41,7 +41,8 @@ def one(name: str, config: str) -> dict:
         report = assemble.cuda_report(name, target, result, None, {"available": False, "seconds": 0, "note": ""})
         mod, params, stitched = result.fused, m.params, []
     else:
-        souffle = results.run(m.mod, target, m.params, Options(level=config))
+        level, _, off = config.partition("-")
+        souffle = results.run(m.mod, target, m.params, Options(level=level, onchip=off != "offchip"))
         result, report, _ = building.build_and_report(m, souffle, target, False)
         assemble.with_stitched_facts(report, result, souffle.stitched, souffle.unstitched)
         mod, params, stitched = souffle.mod, souffle.params, souffle.stitched
@@ -51,7 +52,9 @@ def one(name: str, config: str) -> dict:
                 **{key: k.counted[key] for key in ("distinct_bytes", "sectors", "requests", "sectors_per_request",
                                                   "sectors_exact", "shared_accesses", "outside")}}
                for k in report.kernels if k.counted]
-    return {"model": name, "config": config, "build_s": round(built, 1),
+    onchip = sum(sk.onchip_bytes > 0 for sk in stitched)
+    return {"model": name, "config": config, "build_s": round(built, 1), "onchip_kernels": onchip,
+            "channels_bytes": sum(sk.onchip_bytes for sk in stitched),
             "count_s": round(time.perf_counter() - t0 - built, 1),
             "launches": report.launches, "analytic_bytes": report.bytes, **report.counted,
             "held": [{"unit": h.unit, "analytic": h.analytic, "counted": h.counted} for h in held],
@@ -67,11 +70,16 @@ def markdown(rows: list[dict], date: str) -> str:
            "(32-byte sectors of every warp request), and how many analytic figures equal their "
            "counts (per kernel; per stage function in a stitched kernel; per PrimFunc where one is "
            "lowered to several kernels).", "",
-           "| model | build | launches | analytic MB | counted distinct MB | sector MB | analytic = counted |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "`v3-offchip` is v3 with the on-chip channel off (`Options(onchip=False)`: every intermediate "
+           "through global memory); shared accesses count the warp requests to shared memory.", "",
+           "| model | build | launches | kernels with channels | analytic MB | counted distinct MB | sector MB | "
+           "shared requests | analytic = counted |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['model']} | {r['config']} | {r['launches']} | {r['analytic_bytes'] / 1e6:.4f} | "
-                   f"{r['bytes'] / 1e6:.4f} | {r['sector_bytes'] / 1e6:.4f} | {r['analytic_held']} |")
+        shared = sum(k.get("shared_accesses") or 0 for k in r["kernels"])
+        out.append(f"| {r['model']} | {r['config']} | {r['launches']} | {r.get('onchip_kernels', 0)} | "
+                   f"{r['analytic_bytes'] / 1e6:.4f} | {r['bytes'] / 1e6:.4f} | {r['sector_bytes'] / 1e6:.4f} | "
+                   f"{shared} | {r['analytic_held']} |")
     out += ["", "## Where the analytic figure and the count differ", ""]
     diffs = [(r, d) for r in rows for d in r["differences"]]
     if not diffs:

@@ -113,15 +113,22 @@ def gemm_row_op(request):
     return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
-def test_the_partial_after_a_gemm_reads_the_tile_on_chip(gemm_row_op):
-    """GEMM -> two-phase partial: the partial reads the GEMM's tile from the GEMM block's shared
-    memory (a resident channel); the normalisation, tiled otherwise, still reads global memory,
-    so the GEMM writes both. Three block orders, race-checked, against onnxruntime."""
+def test_a_gemm_tile_never_leaves_the_chip_before_its_row_reduction(gemm_row_op):
+    """GEMM -> two-phase partial -> combine and normalisation (softmax, LayerNorm): the partial
+    reads the GEMM's tile from the GEMM block's shared memory, a grid sync later the same block
+    combines the row's partials and normalises the same tile from there (``TiledCombine``), so
+    only the partials leave the chip (a resident channel). Three block orders, race-checked,
+    on-chip buffers poisoned with NaN, against onnxruntime."""
     m, souffle = gemm_row_op
     [sk] = souffle.stitched
     assert sk.onchip_bytes > 0
-    partial = next(i for i, s in enumerate(sk.stages) if s.endswith("_partial"))
-    assert sk.onchip[partial], sk.onchip
+    gemm = sk.stages.index("souffle_matmul")
+    reader = [i for i, s in enumerate(sk.stages) if s.endswith(("_partial", "_partial_sum"))]
+    combine = [i for i, s in enumerate(sk.stages) if s.endswith("_combine")]
+    assert reader and combine and all(sk.onchip[i] for i in [gemm] + reader + combine), sk.onchip
+    func = souffle.mod[sk.function]
+    # the GEMM's output is no parameter of the kernel: nothing of it is written to global memory
+    assert not any(p.name.startswith("matmul") for p in func.params)
     emu = races.Emulation(souffle.mod, CUDA)
     feeds = runner.random_inputs(m.inputs, 0)
     _, ref = runner.reference_outputs(m.onnx_model, feeds)

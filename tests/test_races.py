@@ -238,12 +238,26 @@ def test_a_removed_grid_sync(bert):
 def test_a_removed_block_barrier(kind):
     """(ii) The __syncthreads() between a GEMM and its block-local partials removed: the static
     check and the race checker catch it; lock step hides it from the numerics."""
-    m, s = _two_phase(kind)
+    m, s = _two_phase(kind, onchip=False)      # the GEMM's tile in global memory (test_onchip: on chip)
     k = s.stitched[0]
     broken = _without(s.mod[k.function], lambda i, x, seq: dependence.is_block_barrier(x))
     race, numerics, kinds = _detected(m, s, _with_kernel(s, k.function, broken))
     assert (_static(broken, k.grid), race, numerics) == (True, True, False)
     assert ("threads", RAW) in kinds
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+def test_a_removed_block_barrier_before_an_on_chip_tile(kind):
+    """(ii') The same barrier removed where the GEMM's tile is on chip (a shared buffer): the
+    static check still asks for it; on the GPU TVM's ThreadSync puts a __syncthreads() back
+    before the shared-memory read (the race checker runs the same pass first and so sees no
+    race), and the numerics hold."""
+    m, s = _two_phase(kind)
+    k = s.stitched[0]
+    assert k.onchip_bytes > 0
+    broken = _without(s.mod[k.function], lambda i, x, seq: dependence.is_block_barrier(x))
+    race, numerics, _ = _detected(m, s, _with_kernel(s, k.function, broken))
+    assert (_static(broken, k.grid), race, numerics) == (True, False, False)
 
 
 def _wrong_proof(monkeypatch, wrong_for):
@@ -261,7 +275,7 @@ def test_a_wrong_block_locality_proof(monkeypatch):
     the static check asks the same proof and passes the kernel; the race checker catches it."""
     m = frontend.import_onnx(gemm_then("softmax"))
     _wrong_proof(monkeypatch, (dependence.BLOCK,))
-    s = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    s = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", onchip=False))
     k = s.stitched[0]
     func = s.mod[k.function]
     assert not any(dependence.is_block_barrier(x) for x in kernel_ir.stage_loops(func))

@@ -22,7 +22,7 @@ from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK, STITCH_
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
 from .rules import (AtomicRows, ColumnReduction, PartialRows, RowReduction, SerialReduction, StitchedMatmul,
-                    TensorCoreMatmul)
+                    TensorCoreMatmul, TiledCombine)
 
 
 class RuleNote(str):
@@ -50,7 +50,8 @@ class Scheduled:
 # How much of the hardware a rule's schedule uses; fusing must not lower it. SerialReduction
 # is Fallback's form (one output per thread) chosen on purpose: a GEMM anchor that gets it
 # alone does not make a fused group that gets Fallback's the same form a degradation.
-RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "GEMV": 2, "Reduction": 2,
+RANK = {"database": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "TiledCombine": 2,
+        "GEMV": 2, "Reduction": 2,
         "ColumnReduction": 2, "SerialReduction": 0, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
@@ -69,12 +70,12 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
     rest = [ColumnReduction(block_size), SerialReduction(block_size), RowReduction(block_size), dl.gpu.Fallback()]
     # The two-phase partials are cut to their GEMM's tile at STITCH_BLOCK threads
     # (``STITCH_BLOCK_ONLY_RULES``).
-    return ([AtomicRows(), PartialRows()] if block_size == STITCH_BLOCK else []) + gemms + rest
+    return ([AtomicRows(), PartialRows(), TiledCombine(block_size)] if block_size == STITCH_BLOCK else []) + gemms + rest
 
 
 # Rules that schedule stitched stages at ``STITCH_BLOCK`` threads only: a subprogram with a stage
 # one of them scheduled keeps that block size (``partition.block_size``).
-STITCH_BLOCK_ONLY_RULES = frozenset({"AtomicRows", "PartialRows", "database"})
+STITCH_BLOCK_ONLY_RULES = frozenset({"AtomicRows", "PartialRows", "TiledCombine", "database"})
 
 
 def rule_name(rule: dl.ScheduleRule) -> str:

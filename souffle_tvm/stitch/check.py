@@ -53,6 +53,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
     written: list = []          # (param, view, block barriers seen when written) since the last grid sync
     touched: list = []          # params read or written since the last grid sync
     stages = syncs = barriers = 0
+    resident = [s.buffer for s in stage_loops(func) if isinstance(s, tirx.AllocBuffer)]
     for stmt, loop in flat_stages(func):
         if is_grid_sync(stmt):
             syncs += 1
@@ -61,7 +62,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
         if dependence.is_block_barrier(stmt):
             barriers += 1
             continue
-        if is_prefetch(stmt):
+        if is_prefetch(stmt) or isinstance(stmt, tirx.AllocBuffer):
             continue
         stages += 1
         view = stage_view(stmt, bid, tid, launched, loop) if bid is not None and tid is not None else None
@@ -76,8 +77,9 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
             elif need == dependence.BLOCK and seen == barriers:
                 problems.append(f"stage {stages} reads {p.name}, written by the same block of an earlier stage "
                                 "with no block barrier between")
-        # a fused loop's channels (per-block shared buffers) are checked as the params are
-        chans = _channels(loop) if loop is not None else []
+        # the channels (per-block shared buffers: the kernel's resident ones, a fused loop's) are
+        # checked as the params are
+        chans = resident + (_channels(loop) if loop is not None else [])
         mine = [p for p in list(func.params) + chans if any(b.same_as(p) for b in stores)]
         for p in mine:       # write after read / write: the stitcher always orders these with a grid sync
             if any(t.same_as(p) for t in touched):

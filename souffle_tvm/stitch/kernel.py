@@ -76,6 +76,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for i in [ch.writer] + ch.readers:
             views[i] = dataclasses.replace(views[i], body=channel.rebase(views[i].body, param_of[ch.key], ch, i == ch.writer))
     gone = {ch.key for ch in channels if not ch.dual}
+    resident_reads = [any(ch.resident and i in ch.readers for ch in channels) for i in range(len(stages))]
     syncs = [need == dependence.GRID for need in needs]
     pres = [tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()) if need == dependence.GRID
             else dependence.block_barrier() if need == dependence.BLOCK else None for need in needs]
@@ -86,6 +87,10 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         last = first.get(i, i)
         it = tirx.Var(f"it{i}", "int64")
         parts = [_stage_body(stages[j], views[j], it, grid, block, tid, bid) for j in range(i, last + 1)]
+        if needs[i] == dependence.GRID and resident_reads[i]:
+            # TVM's ThreadSync does not know that a grid sync orders shared memory too: a block
+            # barrier of its own before a stage that reads a resident channel after one
+            parts[0] = tirx.SeqStmt([dependence.block_barrier(), parts[0]])
         if last == i:
             loop = _grid_stride(it, stages[i].num_blocks, grid, bid, parts[0], stages[i].num_blocks, stages[i].num_threads)
         else:

@@ -30,7 +30,7 @@ from tvm import te, tirx
 
 from ..te import analysis, rewrite as te_rewrite
 from ..core import tir_stats
-from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
+from ..core.ir_names import ATOMIC_ATTR, COMBINE_TILE_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
 from ..te.program import TEProgram
 
 
@@ -304,7 +304,9 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                 return es(*sp, j) * tirx.exp(m(*sp, j) - c_of(sp))
             reducer = te.sum
 
-        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols), name=f"{base}_combine")]
+        # the combine knows its GEMM's tile: its consumer can be laid out like the GEMM (TiledCombine)
+        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols), name=f"{base}_combine",
+                                 attrs={COMBINE_TILE_ATTR: rows * 65536 + cols})]
         result.split[shown] = form
     if not result.split:
         return result

@@ -6,6 +6,8 @@ takes that size):
 
 - ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
+- ``tiled_combine.TiledCombine``: a two-phase reduction's combine and its consumer, tiled like
+  the GEMM (so the GEMM's tile can stay on chip in a stitched kernel).
 - ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps (4 or 16).
 - ``stitched_matmul.StitchedMatmul``: dlight's ``gpu.Matmul`` at 16 x 16 threads (8 x 16,
   16 x 32; reported as "Matmul").
@@ -23,5 +25,7 @@ from .partial_rows import PartialRows
 from .row_reduction import RowReduction
 from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
+from .tiled_combine import TiledCombine
 
-__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowReduction", "SerialReduction", "TensorCoreMatmul"]
+__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowReduction", "SerialReduction",
+           "TensorCoreMatmul", "TiledCombine"]
