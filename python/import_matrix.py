@@ -3,8 +3,10 @@ and after the folding step, then built for llvm and compared with onnxruntime.
 
 "before" is TVM's importer on the file as exported (``import_onnx(fold=False)``) with only the
 converters that existed before this work (LSTM; no GRU); "after" is ``import_onnx`` as shipped.
+The last column builds the export for CUDA (sm_90) with ``--fusion souffle`` at the default
+level (auto: v3, time-driven, kept or replaced by TVM's own build) and nvcc (``cuda_default``).
 
-    .venv/bin/python python/import_matrix.py
+    .venv/bin/python python/import_matrix.py            # + each export built for CUDA at the default level
     .venv/bin/python python/import_matrix.py --names     # both fusions x three exporters' name styles
 
 ``--names``: every export of ``ROWS`` (the matrix, the CNNs with batch norm kept, the encoders
@@ -66,6 +68,20 @@ def after(name: str, path: str, shapes: dict) -> str:
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
     worst = max(c.rel_l2 for c in runner.compare(compiled.model.outputs, outs, ref))
     return f"ok, rel L2 {worst:.1e}"
+
+
+def cuda_default(path: str, shapes: dict) -> str:
+    """The export built for CUDA sm_90 at the default level with nvcc (nothing runs: no GPU here)."""
+    try:
+        c = compile_model(path, "cuda", "souffle", shapes=shapes)
+    except Exception as err:  # noqa: BLE001 - the table records whatever went wrong
+        return f"FAIL: {_short(err)}"
+    r = c.report
+    if not r.nvcc.get("available"):
+        return "built, not checked (no nvcc)"
+    spills = sum(k.spill_bytes or 0 for k in r.kernels)
+    kept = "TVM's kernels kept" if r.fallback else "Souffle's kept"
+    return (f"builds, {r.launches} launches, {kept}" + (f", {spills} B spilled" if spills else ""))
 
 
 def renamed(name: str, exporter: str, style: str, batch: int, seq: int | None, folder: str) -> tuple[str, dict, dict]:
@@ -147,12 +163,16 @@ def main() -> None:
         return cuda_table(("tf", "jax"))
     if args.names:
         return names_table()
-    print("| model | exporter | before (plain TVM import) | after (fold + import + llvm build vs onnxruntime) |")
-    print("| --- | --- | --- | --- |")
+    print("| model | exporter | before (plain TVM import) | after (fold + import + llvm build vs onnxruntime) "
+          "| CUDA, souffle at the default level (nvcc) |")
+    print("| --- | --- | --- | --- | --- |")
     for name in tm.SPECS:
         for exporter in tm.EXPORTERS:
             path, shapes = tm.export(name, exporter), tm.input_shapes(name, BATCH)
-            print(f"| {name} | {exporter} | {before(path, shapes)} | {after(name, path, shapes)} |", flush=True)
+            start = time.perf_counter()
+            print(f"| {name} | {exporter} | {before(path, shapes)} | {after(name, path, shapes)} "
+                  f"| {cuda_default(path, shapes)} |", flush=True)
+            print(f"{name} {exporter}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

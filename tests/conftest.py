@@ -74,6 +74,20 @@ def emulated_comparisons(m, mod, params, seed: int = 0):
     return runner.compare(m.outputs, outs, ref)
 
 
+def race_checked_in_orders(m, souffle, orders=("ascending", "descending", "shuffle:1"), seed: int = 0):
+    """Run ``souffle``'s module in the race-checking emulator once per block order and yield
+    (order, race report, comparisons with onnxruntime) for the caller to assert on."""
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.runtime import races, runner
+
+    emu = races.Emulation(souffle.mod, make_target("cuda"))
+    feeds = runner.random_inputs(m.inputs, seed)
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    for order in orders:
+        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), souffle.params, order)
+        yield order, report, runner.compare(m.outputs, outs, ref)
+
+
 def module_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     """``python -m souffle_tvm.cli -q ARGS`` in a subprocess, this checkout first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -8,9 +8,8 @@ import tvm
 from tvm import tirx
 import tvm_ffi
 
-from conftest import ZOO, emulated_comparisons
-from souffle_tvm.runtime import emulate, races
-from souffle_tvm.runtime import runner
+from conftest import ZOO, emulated_comparisons, race_checked_in_orders
+from souffle_tvm.runtime import emulate
 from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import EmulationError
@@ -34,14 +33,10 @@ def test_emulated_kernels_match_the_reference_in_three_orders_without_a_race(nam
     shuffled: the numerics match in every order and the checker sees no race in any kernel."""
     m, souffle = v3_builds(name)
     assert souffle.stitched, "no stitched kernel to emulate"
-    emu = races.Emulation(souffle.mod, CUDA)
-    feeds = runner.random_inputs(m.inputs, 0)
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for order in ORDERS:
-        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), souffle.params, order)
+    for order, report, comparisons in race_checked_in_orders(m, souffle, ORDERS):
         assert report.ok, str(report)
         assert all((k.function or k.name) in report.kernels for k in souffle.stitched)
-        for cmp in runner.compare(m.outputs, outs, ref):
+        for cmp in comparisons:
             assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
 
 

@@ -74,7 +74,7 @@ def test_bert_with_dynamic_sequence_length(seq):
     assert compiled.model.inputs[0].shape == (BATCH, seq)
 
 
-CUDA_LEVELS = {"tvm": ("tvm", "v2"), "v2": ("souffle", "v2"), "v3": ("souffle", "v3")}
+CUDA_LEVELS = {"tvm": ("tvm", "v2"), "v2": ("souffle", "v2"), "v3": ("souffle", "v3"), "default": ("souffle", "auto")}
 
 
 @needs_nvcc
@@ -82,14 +82,16 @@ CUDA_LEVELS = {"tvm": ("tvm", "v2"), "v2": ("souffle", "v2"), "v3": ("souffle", 
 @pytest.mark.parametrize("level", list(CUDA_LEVELS))
 @pytest.mark.parametrize("name,exporter", MATRIX, ids=[f"{n}-{e}" for n, e in MATRIX])
 def test_export_builds_for_cuda_with_nvcc(name, exporter, level):
-    """The exporter matrix on the real target (issue 18): sm_90, nvcc, TVM's fusion, v2 and v3;
+    """The exporter matrix on the real target (issue 18): sm_90, nvcc, TVM's fusion, v2, v3 and the
+    default level (auto: v3 time-driven, or TVM's own build where predicted faster; issue 33);
     every stitched kernel passed the static check (stitching raises otherwise) and is co-resident."""
     fusion, lv = CUDA_LEVELS[level]
     compiled = compile_model(tm.export(name, exporter), "cuda", fusion, arch="sm_90", level=lv,
                              shapes=tm.input_shapes(name, BATCH))
     r = compiled.report
     assert r.nvcc["available"] and r.kernels and all(k.registers for k in r.kernels)
-    assert fusion == "tvm" or not r.fallback, r.fallback
+    # (at the default level TVM's own build may be kept where predicted faster; nothing else falls back)
+    assert fusion == "tvm" or not r.fallback or r.fallback.startswith("the latency model predicts"), r.fallback
     for k in r.kernels:
         assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
         if k.cooperative:

@@ -11,28 +11,33 @@ import tvm_ffi
 from tvm import tirx
 from tvm.script import tirx as T
 
-from conftest import needs_nvcc
+from conftest import needs_nvcc, race_checked_in_orders
 from test_two_phase import gemm_then
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend import importer as frontend
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.runtime import races, runner
+from souffle_tvm.runtime import races
 from souffle_tvm.stitch import check as stitch_check, dependence, kernel, kernel_ir, lower
 
 CUDA = make_target("cuda")
 ORDERS = ("ascending", "descending", "shuffle:5")
 
 
+def vec():
+    """A float32 parameter of 512 elements, int64-indexed like the zoo's kernels (a fresh buffer per use)."""
+    return T.Buffer((T.int64(512),), "float32")
+
+
 @T.prim_func
-def double(a: T.Buffer((T.int64(512),), "float32"), b: T.Buffer((T.int64(512),), "float32")):
+def double(a: vec(), b: vec()):
     bx = T.launch_thread("blockIdx.x", T.int64(8))
     tx = T.launch_thread("threadIdx.x", T.int64(64))
     b[bx * 64 + tx] = a[bx * 64 + tx] * T.float32(2)
 
 
 @T.prim_func
-def mirror(b: T.Buffer((T.int64(512),), "float32"), c: T.Buffer((T.int64(512),), "float32")):
+def mirror(b: vec(), c: vec()):
     # reads another thread's element of its own block: block-local, a __syncthreads() apart
     bx = T.launch_thread("blockIdx.x", T.int64(8))
     tx = T.launch_thread("threadIdx.x", T.int64(64))
@@ -129,13 +134,9 @@ def test_a_gemm_tile_never_leaves_the_chip_before_its_row_reduction(gemm_row_op)
     func = souffle.mod[sk.function]
     # the GEMM's output is no parameter of the kernel: nothing of it is written to global memory
     assert not any(p.name.startswith("matmul") for p in func.params)
-    emu = races.Emulation(souffle.mod, CUDA)
-    feeds = runner.random_inputs(m.inputs, 0)
-    _, ref = runner.reference_outputs(m.onnx_model, feeds)
-    for order in ORDERS:
-        outs, report = emu.run(runner.check_feeds(m.inputs, feeds), souffle.params, order)
+    for order, report, comparisons in race_checked_in_orders(m, souffle, ORDERS):
         assert report.ok, str(report)
-        for cmp in runner.compare(m.outputs, outs, ref):
+        for cmp in comparisons:
             assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
 
 

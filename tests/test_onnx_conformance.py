@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
+from conftest import needs_nvcc
 from souffle_tvm.errors import UnsupportedOperatorError
 from souffle_tvm.pipeline import onnx_backend
 
@@ -130,4 +131,16 @@ def test_whole_suite_no_crash_no_wrong_answer(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, os.path.join(ROOT, "python", "onnx_conformance.py"),
                            "--out", str(tmp_path / "conformance")], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_model_tests_build_for_cuda_at_the_default_level(tmp_path):
+    """BackendTest's model tests (simple, pytorch-converted, pytorch-operator; the 224x224 "real"
+    CNNs by hand, see python/onnx_models_cuda.py) built for CUDA at the default level with nvcc:
+    the script exits 1 on any that fails other than with the project's clear refusal."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "python", "onnx_models_cuda.py"),
+                           "--out", str(tmp_path / "models.md")], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

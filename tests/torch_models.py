@@ -249,6 +249,43 @@ class ViT(nn.Module):
         return self.fc(self.ln(x[:, 0]))
 
 
+class ViT224(ViT):
+    """ViT-B/16's patch embedding (16x16 stride-16 conv at 224x224: 196 patches) under one
+    narrow pre-norm encoder layer: the shape class of a torchvision ViT at toy width."""
+
+    def __init__(self, classes=10, dim=64, layers=1):
+        super().__init__(classes, dim, layers)
+        self.embed = nn.Conv2d(3, dim, 16, 16)
+        self.pos = nn.Parameter(torch.randn(1, 197, dim) * 0.02)
+
+
+def _cbl(cin: int, cout: int, k: int = 3) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, 1, k // 2, bias=False), nn.BatchNorm2d(cout), nn.LeakyReLU(0.1))
+
+
+class Yolo(nn.Module):
+    """A YOLOv3-tiny-style detector at 416x416: conv/MaxPool backbone, a CSP route through half
+    the channels (Slice), an upsampled branch (Resize, nearest x2) concatenated with an earlier
+    map, two detection heads."""
+
+    def __init__(self, c=8, classes=3):
+        super().__init__()
+        self.b1 = nn.Sequential(_cbl(3, c), nn.MaxPool2d(2, 2), _cbl(c, 2 * c), nn.MaxPool2d(2, 2))
+        self.b2 = nn.Sequential(_cbl(c, 2 * c), nn.MaxPool2d(2, 2))
+        self.b3 = nn.Sequential(_cbl(2 * c, 4 * c), nn.MaxPool2d(2, 2), _cbl(4 * c, 4 * c))
+        self.lat = _cbl(4 * c, 2 * c, 1)
+        n = 3 * (5 + classes)
+        self.head1 = nn.Conv2d(4 * c, n, 1)
+        self.head2 = nn.Sequential(_cbl(4 * c, 2 * c), nn.Conv2d(2 * c, n, 1))
+
+    def forward(self, x):
+        f1 = self.b1(x)
+        f2 = self.b2(f1[:, f1.shape[1] // 2:])
+        f3 = self.b3(f2)
+        up = F.interpolate(self.lat(f3), scale_factor=2, mode="nearest")
+        return self.head1(f3), self.head2(torch.cat([up, f2], 1))
+
+
 class LSTMClassifier(nn.Module):
     def __init__(self, features=8, hidden=16, classes=4):
         super().__init__()
@@ -307,6 +344,8 @@ SPECS = {
     "efficientnet": Spec(EfficientNet, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "swin": Spec(Swin, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "vit": Spec(ViT, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "vit224": Spec(ViT224, {"x": ((BATCH, 3, 224, 224), "float32")}, ("logits",)),
+    "yolo": Spec(Yolo, {"x": ((BATCH, 3, 416, 416), "float32")}, ("boxes13", "boxes26")),
     "lstm": Spec(LSTMClassifier, {"x": ((BATCH, SEQ, 8), "float32")}, ("logits",)),
     "gru": Spec(GRUNet, {"x": ((BATCH, SEQ, 8), "float32")}, ("y", "h")),
     "mmoe": Spec(MMoE, {"x": ((BATCH, 16), "float32")}, ("task0", "task1")),

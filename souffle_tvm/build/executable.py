@@ -4,8 +4,11 @@ of already scheduled group PrimFuncs), with its kernels inventoried.
 The default pipeline is run in two halves so the kernel structure can be read in between:
 (1) library dispatch + legalization (LegalizeOps, FuseOps, FuseTIR, dlight on CUDA): the
 fused module, whose ``main`` calls each PrimFunc; (2) dataflow lowering + finalization,
-given to ``tvm.compile`` as its Relax pipeline. The TIR pipeline is TVM's default s_tir
-pipeline between our passes: first the stitched kernels' register caps (``launch_bounds``) and
+given to ``tvm.compile`` as its Relax pipeline; in between, every PrimFunc is put under a root
+block (``core.root_block``: stitched kernels come in launch form, which Relax's passes reject).
+The TIR pipeline is TVM's default s_tir pipeline between our passes: first shared memory over
+the 48 KB static limit made dynamic (``dynamic_shared``), the stitched kernels' register caps
+(``launch_bounds``) and
 distinct parameter names (so each device kernel's buffers trace back to their parameter
 positions), then the cooperative-launch tag and one read-only pass that records every device
 kernel.
@@ -23,10 +26,12 @@ from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from .cooperative import attach_cooperative_launch
+from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
 from ..core import tir_stats
+from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
 
 
@@ -126,11 +131,14 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _recording_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
-    return tvm.transform.Sequential([apply_register_caps, distinct_param_names, remember_param_positions, pipeline,
+    # (shared memory over the static limit made dynamic first: the launch form it measures has no caps yet)
+    return tvm.transform.Sequential([dynamic_shared_over_limit, apply_register_caps, distinct_param_names,
+                                     remember_param_positions, pipeline,
                                      attach_cooperative_launch, record_device_kernels]), host, device
 
 
-# register caps + distinct parameter names + TVM's s_tir pipeline + cooperative tag + kernel record
+# shared memory over 48 KB made dynamic + register caps + distinct parameter names + TVM's s_tir pipeline
+# + cooperative tag + kernel record
 TIR_PIPELINE = "souffle_tvm.recorded"
 tirx.register_tir_pipeline(TIR_PIPELINE, _recording_pipeline)
 
@@ -242,7 +250,8 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, stats_from: tvm.IRModule
     the unscheduled twin of a module whose PrimFuncs arrive already scheduled.
     """
     t0 = time.perf_counter()
-    fused = fuse(mod, target)
+    # stitched kernels come in launch form: under a root block, as TVM's Relax passes require
+    fused = ensure_root_blocks(fuse(mod, target))
     t1 = time.perf_counter()
     with recording() as kernels:
         ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline=TIR_PIPELINE)

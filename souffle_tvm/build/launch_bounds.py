@@ -13,16 +13,18 @@ import tvm
 from tvm import tirx
 
 from ..core.ir_names import MIN_BLOCKS_ATTR, TVM_MIN_BLOCKS
+from ..core.root_block import has_root_block, under_root, with_root_block
 from ..errors import StitchError
 
 
 def with_launch_bounds(func: tirx.PrimFunc, blocks: int) -> tirx.PrimFunc:
     """``func`` with ``blocks`` (minimum blocks per SM) planted under its outermost launch."""
-    body = func.body
+    body = under_root(func)
     if not (isinstance(body, tirx.AttrStmt) and body.attr_key == "thread_extent"):
         raise StitchError(f"{func.attrs.get('global_symbol', 'kernel')}: no launch at the top of its body")
     cap = tirx.AttrStmt(tirx.const(0, "int32"), TVM_MIN_BLOCKS, tirx.const(blocks, "int32"), body.body)
-    return func.with_body(tirx.AttrStmt(body.node, body.attr_key, body.value, cap))
+    capped = func.with_body(tirx.AttrStmt(body.node, body.attr_key, body.value, cap))
+    return with_root_block(capped) if has_root_block(func) else capped
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.ApplyRegisterCaps")

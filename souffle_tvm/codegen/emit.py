@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm import relax, te
 
 from ..core.ir_names import GROUP_PREFIX, K_OPAQUE
+from ..core.root_block import require_root_blocks
 from ..te import rewrite as te_rewrite
 from ..partition.groups import Group, Partition, group_outputs
 from ..te.program import TEProgram
@@ -126,7 +127,9 @@ def emit_module(prog: TEProgram, part: Partition, schedule=None, funcs: GroupFun
             result = [env[(t.op, t.value_index)] for t in prog.outputs]
             out = bb.emit_output(result[0] if len(result) == 1 else relax.Tuple(result))
         bb.emit_func_output(out)
-    return bb.get()
+    # group PrimFuncs come from create_prim_func and opaque callees from Relax's legalization:
+    # both under a root block, which TVM's Relax passes require; checked here, where they are emitted
+    return require_root_blocks(bb.get(), "codegen.emit")
 
 
 def _emit_opaque(bb: relax.BlockBuilder, g: Group, env: dict) -> None:

@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import tir_stats
+from .geometry import STATIC_SHARED_LIMIT
 
 # Fitted on the zoo's stitched kernels (docs/partitioner.md): a stage with no local buffers
 # still needs address arithmetic and loop counters; stitching adds the grid-stride loops.
@@ -29,6 +30,13 @@ class Estimate:
     registers: int
     shared_bytes: int
     spills: bool          # the estimate is past the register limit: ptxas would spill
+
+    @property
+    def dynamic_shared(self) -> bool:
+        """Over the 48 KB a kernel may declare statically: the build moves it to ``shared.dyn``
+        (``build.dynamic_shared``) and the kernel opts in to its size at launch, so its limit is
+        the GPU's opt-in size per block (``hardware.occupancy``), not the static one."""
+        return self.shared_bytes > STATIC_SHARED_LIMIT
 
 
 def _allocs(stmt, scopes: tuple) -> list:

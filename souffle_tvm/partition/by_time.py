@@ -14,6 +14,8 @@ Every boundary keeps a reason; a time boundary gives both figures.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..core import estimate, hardware, latency
@@ -98,6 +100,32 @@ class Timer:
             self._group[key] = sum(self.stage(g, s, slots, persistent) for s in range(len(self.facts.work[g])))
         return self._group[key]
 
+    def credit(self, g: int) -> tuple[int, int] | None:
+        """(producer, bytes): group ``g`` reads that many bytes on chip when stitched with it."""
+        onchip = self.facts.onchip
+        return onchip[g] if g < len(onchip) else None
+
+    def stages_onchip(self, g: int, slots: int) -> float:
+        """Group ``g``'s stages in a stitched kernel with its credited producer: the bytes it reads
+        on chip (``credit``) taken off its first stage, which carries the group's bytes."""
+        key = (g, slots, "onchip")
+        if key not in self._group:
+            credit = self.credit(g)
+            work = self.facts.work[g]
+            if credit is None or not work:
+                return self.stages(g, slots, True)
+            first = dataclasses.replace(work[0], bytes=max(work[0].bytes - credit[1], 0))
+            self._group[key] = (latency.stage_time(self.gpu, self.c, first, slots, True).seconds
+                                + sum(self.stage(g, s, slots, True) for s in range(1, len(work))))
+        return self._group[key]
+
+    def member_seconds(self, g: int, slots: int, persistent: bool, start: int) -> float:
+        """Group ``g`` as a member of a window that starts at group ``start``."""
+        credit = self.credit(g) if persistent else None
+        if credit is not None and credit[0] >= start:
+            return self.stages_onchip(g, slots)
+        return self.stages(g, slots, persistent)
+
     def slots(self, registers: int, shared: int, max_tiles: int) -> int:
         key = (registers, shared, max_tiles)
         if key not in self._slots:
@@ -166,9 +194,9 @@ class Window:
         persistent = len(self.members) > 1      # one group alone is a kernel of its own
         if slots != self.slots or persistent != self.persistent:
             self.slots, self.persistent = slots, persistent
-            self.work = sum(t.stages(m, slots, persistent) for m in self.members)
+            self.work = sum(t.member_seconds(m, slots, persistent, self.i) for m in self.members)
         else:
-            self.work += t.stages(g, slots, persistent)
+            self.work += t.member_seconds(g, slots, persistent, self.i)
 
     @property
     def registers(self) -> int:
@@ -219,14 +247,21 @@ class _Sweep:
         last = np.array([max((q for q in producers[g] if q < g), default=-1) for g in range(n)])
         self.next_sync = [p + 1 + int(np.argmax(last[p + 1:] >= p)) if (last[p + 1:] >= p).any() else n
                           for p in range(n)]
-        self._per_slots: dict[int, np.ndarray] = {}
+        self._per_slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # per group, the producer it reads on chip when stitched with it (-1: none)
+        self.credit_from = np.array([(timer.credit(g) or (-1, 0))[0] for g in range(n)])
 
-    def _stage_seconds(self, slots: int) -> np.ndarray:
-        """Every group's stages on ``slots`` resident blocks of a stitched kernel."""
+    def _stage_seconds(self, slots: int, start: int) -> np.ndarray:
+        """Every group's stages on ``slots`` resident blocks of a stitched kernel that starts at
+        group ``start`` (a group whose credited producer is in it reads that on chip)."""
         if slots not in self._per_slots:
-            self._per_slots[slots] = np.array([self.t.stages(g, slots, True) if self.unstitchable[g] is None else 0.0
-                                               for g in range(self.n)])
-        return self._per_slots[slots]
+            full = np.array([self.t.stages(g, slots, True) if self.unstitchable[g] is None else 0.0
+                             for g in range(self.n)])
+            onchip = np.array([self.t.stages_onchip(g, slots) if self.unstitchable[g] is None else 0.0
+                               for g in range(self.n)])
+            self._per_slots[slots] = (full, onchip)
+        full, onchip = self._per_slots[slots]
+        return np.where(self.credit_from >= start, onchip, full)
 
     def windows(self, i: int, stop: dict) -> tuple[np.ndarray, np.ndarray]:
         """Every window i..j with j > i the partitioner may grow to: the j, and each one's stitched
@@ -279,7 +314,7 @@ class _Sweep:
         work = np.empty(grown)
         starts = np.concatenate(([0], np.flatnonzero(np.diff(slots)) + 1, [grown]))
         for a, b in zip(starts[:-1], starts[1:]):
-            work[a:b] = np.cumsum(self._stage_seconds(int(slots[a]))[i:j + 1])[1 + a:1 + b]
+            work[a:b] = np.cumsum(self._stage_seconds(int(slots[a]), i)[i:j + 1])[1 + a:1 + b]
         # grid syncs: each member's own launch regions, and one before each reader of a member since the last
         syncs = np.cumsum(self.own[i:j + 1])[1:]
         points, p = [], self.next_sync[i]

@@ -43,6 +43,9 @@ class GroupFacts:
     repeat_of: list[int | None] = field(default_factory=list)
     work: list[list[latency.Stage]] = field(default_factory=list)
     kernel_keys: list[str | None] = field(default_factory=list)   # core.measured keys of single-launch groups
+    # per group: (producer, bytes of its reads that stay on chip when stitched with that producer)
+    # or None (``pipeline.onchip_credit``); empty: no credits
+    onchip: list[tuple[int, int] | None] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""
@@ -58,8 +61,11 @@ def why_over_budget(facts: GroupFacts, indices: list[int], gpu: hardware.GPU,
         return f"registers: more than {estimate.MAX_REGISTERS} per thread (estimated), ptxas would spill"
     occ = hardware.occupancy(gpu, block, est.registers, est.shared_bytes)
     if occ.blocks_per_sm < 1:
+        # above 48 KB the build makes shared memory dynamic: then the opt-in size is the limit
+        optin = f", over the {gpu.smem_per_block_optin} B of dynamic shared memory a block may opt in to" \
+            if est.shared_bytes > gpu.smem_per_block_optin else ""
         return (f"{occ.limited_by}: {est.registers} registers, {est.shared_bytes} B shared memory per "
-                f"block (estimated) leave no block of {block} threads co-resident on an SM")
+                f"block (estimated{optin}) leave no block of {block} threads co-resident on an SM")
     return None
 
 

@@ -38,6 +38,7 @@ from ..stitch import rolling
 from ..stitch import lower
 from ..stitch.module import ExprKey
 from ..transforms.two_phase import Candidate
+from . import onchip_credit
 
 
 # The default rules' schedules, across compiles in one process (the rules are deterministic):
@@ -288,7 +289,10 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
     repeats = _repeats(calls) if only is None else [None] * len(groups)
-    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys)
+    onchip = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), raw,
+                                    [asked[i] and unstitchable[i] is None for i in range(len(groups))])
+              if is_cuda(target) and only is None else [])
+    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip)
 
 
 def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:

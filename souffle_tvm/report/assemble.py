@@ -125,7 +125,9 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
-        onchip = sk.onchip[i] if first and i < len(sk.onchip) and func is not None else []
+        # the function's first region carries its bytes: every region's on-chip reads come off there
+        onchip = sorted({pos for j in _regions_of(sk, i) for pos in (sk.onchip[j] if j < len(sk.onchip) else [])}) \
+            if first and func is not None else []
         footprint = result.footprints.get(st.function, {})
         saved = sum(footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) for pos in onchip)
         unwritten = sum(tir_stats.buffer_bytes(func.params[pos]) for pos in onchip
@@ -135,6 +137,15 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
             stage = dataclasses.replace(stage, written_bytes=0)
         plan.append({**dataclasses.asdict(stage), **({"onchip_bytes": saved} if saved else {})})
     return plan
+
+
+def _regions_of(sk, i: int) -> list[int]:
+    """Stage ``i`` (a function's first region) and the entries of that call's later regions."""
+    out = [i]
+    while out[-1] + 1 < len(sk.stage_ids) and sk.stage_ids[out[-1] + 1].function == sk.stage_ids[i].function \
+            and (sk.stage_ids[out[-1] + 1].region or 0) > 0:
+        out.append(out[-1] + 1)
+    return out
 
 
 def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,

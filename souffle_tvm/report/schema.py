@@ -47,6 +47,7 @@ latency            CUDA only: the latency model's prediction (core/latency.py; a
                    rewriting (``cuda_graph``), ``gpu`` and ``constants``; at ``--level auto``
                    ``tvm_graph_ms`` (TVM's own build, compared and beaten) or
                    ``souffle_graph_ms`` (Souffle's, when TVM's was predicted faster and used)
+                   or ``tvm_build_failed`` (TVM's own build raised: its error; Souffle's is kept)
 database           the tuning database the compile read (``--database``), else null
 rule_failures      souffle only: how many times a schedule rule raised on a group (candidates the
                    partitioner then split included) and the next rule was tried; a final
@@ -179,6 +180,9 @@ class Report:
             if "tvm_graph_ms" in lat:
                 lines.append(f"TVM's own kernels, built to compare (--level auto): {lat['tvm_graph_ms']:.3f} ms "
                              f"under a CUDA graph; Souffle's build is kept")
+            if "tvm_build_failed" in lat:
+                lines.append(f"TVM's own kernels, built to compare (--level auto), failed to build "
+                             f"({lat['tvm_build_failed']}); Souffle's build is kept")
             if self.cuda_graph:
                 g = self.cuda_graph
                 lines.append(f"built with TVM's CUDA-graph rewriting: {g['replays']} graph replays hold "

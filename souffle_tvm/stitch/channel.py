@@ -39,9 +39,10 @@ from tvm import tirx
 
 from . import dependence
 from ..core import tir_stats
+from ..core.geometry import STATIC_SHARED_LIMIT
 from ..te.rewrite import uses
 
-STATIC_SHARED = 48 * 1024       # static __shared__ per block: above it ptxas refuses the kernel
+STATIC_SHARED = STATIC_SHARED_LIMIT     # a channel is a static __shared__ array: above it ptxas refuses the kernel
 
 
 @dataclass

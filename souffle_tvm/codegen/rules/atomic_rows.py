@@ -8,6 +8,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ...core.ir_names import ATOMIC_ATTR, ROW_TILE_ATTR, TILE_ATTR
+from ...core.root_block import with_root_block
 from ...te.rewrite import cast_like
 from .base import CUDAScheduleRule
 
@@ -87,9 +88,10 @@ class AtomicRows(CUDAScheduleRule):
                          tirx.address_of(tirx.BufferLoad(store.buffer, row)), tirx.BufferLoad(acc, [i32(0)])))]
         adds = launch("blockIdx.x", bx, ext[-1] // rows, launch("blockIdx.y", by, lead * parts,
                       launch("threadIdx.x", tx, rows, tirx.SeqStmt(body))))
-        out = tirx.PrimFunc(func.params, tirx.SeqStmt([zero, adds]), attrs=func.attrs)
-        # A block-free function is a valid Schedule (``sch.mod["main"]`` is ``out`` unchanged),
-        # so the driver reads this rule's result like any other rule's.
+        # Under a root block, as every PrimFunc we emit (TVM's Relax passes read it; core.root_block),
+        # and with no other block: a valid Schedule (``sch.mod["main"]`` is ``out`` unchanged), so
+        # the driver reads this rule's result like any other rule's.
+        out = with_root_block(tirx.PrimFunc(func.params, tirx.SeqStmt([zero, adds]), attrs=func.attrs))
         return s_tir.Schedule(out.with_attr("tirx.is_scheduled", True))
 
 

@@ -1,0 +1,102 @@
+"""What a stitched window saves through on-chip channels, for the time-driven partitioner.
+
+A group that reads a producer's output block-locally (``stitch.dependence``), in a kernel where
+the producer's tile stays resident (``stitch.channel``), reads it from shared memory instead of
+global memory once both are stitched together. The partitioner should see that saving, or it
+prices every stitched edge as a round trip through global memory and can only find stitching
+slower. ``credits`` asks the stitcher itself: per producer-consumer pair of groups with a stage
+of equal block count, the two groups' lowered stages stitched alone (``kernel.stitch``) tell
+which of the consumer's reads become channels, and the consumer's footprint of those tensors
+is its credit. Only the reader's side is credited (the producer still writes the tensor when
+someone outside the window reads it, which the window does not know): a lower bound.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..core import estimate, hardware, tir_stats
+from ..errors import StitchError
+from ..stitch import kernel, lower
+
+
+def _outputs(calls) -> dict:
+    """Relax Var -> (group, output field) for every group call's result and its tuple items."""
+    group_of = {k: i for i, k in calls.call_index.items()}
+    var_call = {}
+    out = {}
+    k = 0
+    for b in calls.bindings:
+        if calls.calls and k < len(calls.calls) and b.value.same_as(calls.calls[k]):
+            var_call[b.var] = group_of[k]
+            if not isinstance(b.var.ty, relax.TupleType):
+                out[b.var] = (group_of[k], 0)
+            k += 1
+    for b in calls.bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in var_call:
+            out[b.var] = (var_call[b.value.tuple_value], b.value.index)
+    return out
+
+
+def _keys(calls, i: int, outputs: dict) -> list:
+    """Group ``i``'s parameters as stitch keys: inputs by what produced them, then its outputs."""
+    call = calls.calls[calls.call_index[i]]
+    ins = [("out",) + outputs[a] if isinstance(a, relax.Var) and a in outputs else ("in", i, j)
+           for j, a in enumerate(call.args[1].fields)]
+    fields = len(call.ty.fields) if isinstance(call.ty, relax.TupleType) else 1
+    return ins + [("out", i, f) for f in range(fields)]
+
+
+def _with_scratch(keys: list, stage, i: int) -> list:
+    """A lowered stage's keys: the call's, then its own global scratch buffers."""
+    return keys + [("scratch", i, j) for j in range(len(stage.params) - len(keys))]
+
+
+def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, unscheduled=None,
+            wanted: list[bool] | None = None) -> list[tuple[int, int] | None]:
+    """Per group, the largest credit it gets from one producer stitched with it: (the producer,
+    the consumer's bytes that stay on chip), or None.
+    ``unscheduled``: the groups before scheduling (``GroupCalls``), whose footprints the model
+    reads; ``wanted[i]``: group i may be stitched at all."""
+    n = len(calls.groups)
+    wanted = wanted or [True] * n
+    outputs = _outputs(calls)
+    cache: dict[int, list] = {}
+
+    def stages(i: int) -> list:
+        if i not in cache:
+            cache[i] = lower.lower_stage(f"g{i}", calls.func(i), target)
+        return cache[i]
+
+    out: list[tuple[int, int] | None] = [None] * n
+    for g in range(n):
+        if g not in calls.call_index or not wanted[g]:
+            continue
+        keys_g = _keys(calls, g, outputs)
+        producers = sorted({k[1] for k in keys_g if k[0] == "out" and k[1] != g})
+        for p in producers:
+            if p not in calls.call_index or not wanted[p]:
+                continue
+            sp, sg = stages(p), stages(g)
+            if not {s.num_blocks for s in sp} & {s.num_blocks for s in sg}:
+                continue        # no stage of equal block count: no block-local read
+            est = estimate.kernel([estimate.stage(s.body) for s in sp + sg])
+            resident = max(1, hardware.occupancy(gpu, block, est.registers, est.shared_bytes).blocks_per_sm) * gpu.sms
+            args = [_with_scratch(_keys(calls, p, outputs), s, p) for s in sp] + \
+                   [_with_scratch(keys_g, s, g) for s in sg]
+            try:
+                st = kernel.stitch(sp + sg, args, resident, block, target=target, private=lambda k: False)
+            except (StitchError, ValueError):
+                continue
+            split = len(sp)
+            read = {ch.key for ch in st.channels if any(st.order[r] >= split for r in ch.readers)}
+            if not read:
+                continue
+            func = (unscheduled or calls).func(g)
+            footprint = tir_stats.block_footprints(func)
+            saved = sum(footprint.get(j, tir_stats.buffer_bytes(func.params[j]))
+                        for j, k in enumerate(keys_g) if k in read and j < len(func.params))
+            if saved and (out[g] is None or saved > out[g][1]):
+                out[g] = (p, saved)
+    return out
