@@ -160,3 +160,30 @@ def test_channels_build_with_nvcc_without_spills():
     [k] = [k for k in c.report.kernels if k.cooperative]
     assert k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
     assert any(st.get("onchip_bytes") for st in k.stage_plan)
+
+
+def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
+    """The time-driven partitioner's facts (pipeline.onchip_credit): the partial and the combine
+    each read the GEMM's whole output on chip when stitched with the GEMM, as the stitcher finds
+    it; a window holding the GEMM prices them no higher than one that does not, lower where the
+    bytes matter to the model."""
+    from souffle_tvm.core import hardware, latency
+    from souffle_tvm.partition import by_time
+    from souffle_tvm.pipeline import policies
+
+    m = frontend.import_onnx(gemm_then("softmax"))
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    groups = souffle.partition.groups
+    facts = policies.group_facts(policies.GroupCalls(souffle.unstitched, groups), CUDA,
+                                 unscheduled=souffle.unscheduled)
+    gemm = next(i for i, g in enumerate(groups) if g.name == "matmul")
+    tile_bytes = 128 * 256 * 4
+    credited = {i: c for i, c in enumerate(facts.onchip) if c is not None}
+    assert len(credited) == 2 and all(c == (gemm, tile_bytes) for c in credited.values()), facts.onchip
+    timer = by_time.Timer(facts, hardware.for_arch("sm_90"), latency.FITTED)
+    for slots in (1, 132):
+        assert all(timer.member_seconds(g, slots, True, gemm) <= timer.member_seconds(g, slots, True, gemm + 1)
+                   for g in credited)
+    # on one resident block the partial's bytes dominate its time (not the combine's, whose exp
+    # flops do; nor anything's on 132 blocks, at the model's per-stage floor at this size)
+    assert any(timer.member_seconds(g, 1, True, gemm) < timer.member_seconds(g, 1, True, gemm + 1) for g in credited)
