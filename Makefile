@@ -17,11 +17,16 @@ install: $(PY)
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		 chromium fonts-dejavu-core) >/dev/null 2>&1 || echo "note: chromium not installed; the HTML screenshot test will skip"; fi
 
+# Two workers (pytest-xdist), each taking whole test files (their fixtures build once per file);
+# WORKERS=0 runs in one process.
+WORKERS ?= 2
+XDIST    = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+
 test: $(PY)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-all: $(PY)
-	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "slow or not slow" $(PYTEST_ARGS)
 
 # The paper's evaluation side by side (docs/benchmarks.md): results/bench-<date>/
 bench: $(PY)

@@ -28,7 +28,8 @@ setup(
         "onnxruntime==1.32.0",
     ],
     extras_require={
-        "test": ["pytest==9.2.0", "onnxruntime==1.32.0", "pyflakes==3.2.0",
+        # pytest-xdist: `make test` runs the suite on two workers, a test file per worker at a time
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "onnxruntime==1.32.0", "pyflakes==3.2.0",
                  # tutorials/ are executed by the test suite (tests/test_tutorials.py); plots inline
                  "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2",
                  # The exporter matrix (tests/torch_models.py): PyTorch's legacy and dynamo ONNX
