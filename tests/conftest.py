@@ -12,6 +12,12 @@ from souffle_tvm import zoo
 # No TVM at import: the gpu-marked tests (tests/test_gpu.py) run on a GPU machine that has only
 # TVM's runtime (python/gpu_check.py tests); what needs the compiler imports it where used.
 ZOO = zoo.names()
+
+
+def zoo_but_slow(*heavy: str) -> list:
+    """The zoo's names as parameters, ``heavy`` ones marked ``slow`` (they run in ``make test-all``):
+    what keeps ``make test`` under its 20 minutes where the other models cover the same code."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in heavy else n for n in ZOO]
 ROOT = Path(__file__).resolve().parent.parent
 
 

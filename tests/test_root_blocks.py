@@ -84,3 +84,25 @@ def test_launch_bounds_see_through_the_root_block():
     capped = with_launch_bounds(func, 2)
     assert root_block.has_root_block(capped)
     assert root_block.under_root(capped).body.attr_key == TVM_MIN_BLOCKS   # the cap, under blockIdx.x
+
+
+@needs_nvcc
+def test_the_pass_form_hands_tvm_compile_root_blocks():
+    """A user's own tvm.compile of the pass form's output (one-input stitched kernel): the pass
+    form's last step puts the stitched kernels under root blocks, so Relax's reshape analysis
+    reads them, and the cooperative pipeline still finds and drops their entry check."""
+    import warnings
+
+    from souffle_tvm.build import cooperative
+    from souffle_tvm.pipeline import building, passes
+
+    m = import_onnx(yolo_route())
+    cuda = make_target("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = passes.SoufflePipeline(cuda, m.params, Options(level="v3"))(m.mod)
+    assert passes.info_of(mod)["stitched"] and root_block.without_root_block(mod) == []
+    ex = tvm.compile(mod, cuda, relax_pipeline=relax.get_default_pipeline(cuda),
+                     tir_pipeline=cooperative.COOPERATIVE_TIR_PIPELINE)
+    src = building.cuda_source(ex)
+    assert "grid_sync" in src and cooperative.GUARD not in src

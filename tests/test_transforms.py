@@ -31,10 +31,11 @@ def imported():
 
 
 # Swin has nothing for horizontal fusion to merge (V1 = V0): that case is `slow` (~18 s); so are
-# fold_weights alone (~24 s: the unfused program) and vertical (~12 s), which swin-all runs too.
+# fold_weights alone (~24 s: the unfused program), vertical (~12 s) and all of them (~24 s): the
+# other five models cover the transforms in `make test`.
 @pytest.mark.parametrize("name,transform", [
     pytest.param(n, t, marks=pytest.mark.slow) if (n, t) in (("swin", "horizontal"), ("swin", "fold_weights"),
-                                                             ("swin", "vertical"))
+                                                             ("swin", "vertical"), ("swin", "all"))
     else (n, t) for n in ZOO for t in TRANSFORMS])
 def test_transform_preserves_numerics(imported, name, transform):
     m = imported(name)

@@ -21,6 +21,7 @@ from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from tvm.backend.cuda.op import cuda_func_call
 
+from ..core.root_block import has_root_block, under_root, with_root_block
 from ..stitch.kernel_ir import has_grid_sync, op_name
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
@@ -66,8 +67,9 @@ def _is_guard(stmt) -> bool:
 
 
 def _entry(func: tirx.PrimFunc) -> tuple[list, list]:
-    """The launch attributes around ``func``'s body, and the statements just inside them."""
-    node, attrs = func.body, []
+    """The launch attributes around ``func``'s body (below its root block, if any), and the
+    statements just inside them."""
+    node, attrs = under_root(func), []
     while isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
         attrs.append(node)
         node = node.body
@@ -78,7 +80,8 @@ def _with_entry(func: tirx.PrimFunc, attrs: list, seq: list) -> tirx.PrimFunc:
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     for a in reversed(attrs):
         body = tirx.AttrStmt(a.node, a.attr_key, a.value, body)
-    return tirx.PrimFunc(func.params, body, attrs=func.attrs)
+    out = tirx.PrimFunc(func.params, body, attrs=func.attrs)
+    return with_root_block(out) if has_root_block(func) else out
 
 
 def has_guard(func: tirx.PrimFunc) -> bool:

@@ -37,6 +37,7 @@ from ..build import cooperative
 from ..codegen import emit
 from ..core import hardware, latency
 from ..core.measured import MeasuredTimes
+from ..core.root_block import ensure_root_blocks
 from ..core.geometry import STITCH_BLOCK
 from ..errors import CooperativeBuildWarning, SouffleError
 from ..partition import by_time, kernels, subprograms
@@ -338,7 +339,9 @@ class RequireCooperativeLaunch:
         out, guarded = cooperative.guard_grid_sync(mod.clone())     # clone: the caller's module stays as it was
         if guarded:
             warnings.warn(COOPERATIVE_BUILD_NOTE, CooperativeBuildWarning, stacklevel=2)
-        return out
+        # the module goes to the user's tvm.compile: stitched kernels under a root block, as TVM's
+        # Relax passes require of every PrimFunc (the driver's build adds them itself)
+        return ensure_root_blocks(out)
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.BindWeights")
