@@ -18,7 +18,7 @@ from tvm import relax
 
 from ..core import estimate, hardware, tir_stats
 from ..errors import StitchError
-from ..stitch import kernel, lower
+from ..stitch import kernel
 
 
 def _outputs(calls) -> dict:
@@ -48,55 +48,53 @@ def _keys(calls, i: int, outputs: dict) -> list:
     return ins + [("out", i, f) for f in range(fields)]
 
 
-def _with_scratch(keys: list, stage, i: int) -> list:
-    """A lowered stage's keys: the call's, then its own global scratch buffers."""
-    return keys + [("scratch", i, j) for j in range(len(stage.params) - len(keys))]
+def _with_scratch(keys: list, stage) -> list:
+    """A lowered stage's keys: the call's, then its own global scratch buffers (keyed apart)."""
+    return keys + [("scratch", id(stage), j) for j in range(len(stage.params) - len(keys))]
 
 
-def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, unscheduled=None,
-            wanted: list[bool] | None = None) -> list[tuple[int, int] | None]:
+def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, lowered: list,
+            unscheduled=None) -> list[tuple[int, int] | None]:
     """Per group, the largest credit it gets from one producer stitched with it: (the producer,
-    the consumer's bytes that stay on chip), or None.
-    ``unscheduled``: the groups before scheduling (``GroupCalls``), whose footprints the model
-    reads; ``wanted[i]``: group i may be stitched at all."""
-    n = len(calls.groups)
-    wanted = wanted or [True] * n
+    the consumer's bytes that stay on chip), or None. ``lowered[i]``: group i's lowered stages
+    (None where it cannot be stitched), as ``policies.group_facts`` made them; ``unscheduled``:
+    the groups before scheduling (a module), whose footprints the model reads.
+
+    Repeated layers call the same PrimFuncs with the same wiring: each distinct pair is
+    stitched once."""
     outputs = _outputs(calls)
-    cache: dict[int, list] = {}
-
-    def stages(i: int) -> list:
-        if i not in cache:
-            cache[i] = lower.lower_stage(f"g{i}", calls.func(i), target)
-        return cache[i]
-
-    out: list[tuple[int, int] | None] = [None] * n
-    for g in range(n):
-        if g not in calls.call_index or not wanted[g]:
+    raw = type(calls)(unscheduled, calls.groups) if unscheduled is not None else calls
+    asked: dict = {}        # (producer function, consumer function, wiring) -> saved bytes
+    out: list[tuple[int, int] | None] = [None] * len(calls.groups)
+    for g, sg in enumerate(lowered):
+        if sg is None:
             continue
         keys_g = _keys(calls, g, outputs)
-        producers = sorted({k[1] for k in keys_g if k[0] == "out" and k[1] != g})
-        for p in producers:
-            if p not in calls.call_index or not wanted[p]:
-                continue
-            sp, sg = stages(p), stages(g)
-            if not {s.num_blocks for s in sp} & {s.num_blocks for s in sg}:
+        for p in sorted({k[1] for k in keys_g if k[0] == "out" and k[1] != g}):
+            sp = lowered[p] if p < len(lowered) else None
+            if sp is None or calls.func(p).same_as(calls.func(g)) or \
+                    not {s.num_blocks for s in sp} & {s.num_blocks for s in sg}:
                 continue        # no stage of equal block count: no block-local read
-            est = estimate.kernel([estimate.stage(s.body) for s in sp + sg])
-            resident = max(1, hardware.occupancy(gpu, block, est.registers, est.shared_bytes).blocks_per_sm) * gpu.sms
-            args = [_with_scratch(_keys(calls, p, outputs), s, p) for s in sp] + \
-                   [_with_scratch(keys_g, s, g) for s in sg]
-            try:
-                st = kernel.stitch(sp + sg, args, resident, block, target=target, private=lambda k: False)
-            except (StitchError, ValueError):
-                continue
-            split = len(sp)
-            read = {ch.key for ch in st.channels if any(st.order[r] >= split for r in ch.readers)}
-            if not read:
-                continue
-            func = (unscheduled or calls).func(g)
-            footprint = tir_stats.block_footprints(func)
-            saved = sum(footprint.get(j, tir_stats.buffer_bytes(func.params[j]))
-                        for j, k in enumerate(keys_g) if k in read and j < len(func.params))
-            if saved and (out[g] is None or saved > out[g][1]):
-                out[g] = (p, saved)
+            wiring = tuple((j, k[2]) for j, k in enumerate(keys_g) if k[:2] == ("out", p))
+            pair = (calls.func(p), calls.func(g), wiring)
+            if pair not in asked:
+                asked[pair] = _saved(sp, sg, _keys(calls, p, outputs), keys_g, raw.func(g), target, block, gpu)
+            if asked[pair] and (out[g] is None or asked[pair] > out[g][1]):
+                out[g] = (p, asked[pair])
     return out
+
+
+def _saved(sp: list, sg: list, keys_p: list, keys_g: list, unscheduled_g, target, block: int,
+           gpu: hardware.GPU) -> int:
+    """The consumer's footprint of what it reads on chip when stitched with the producer alone."""
+    est = estimate.kernel([estimate.stage(s.body) for s in sp + sg])
+    resident = max(1, hardware.occupancy(gpu, block, est.registers, est.shared_bytes).blocks_per_sm) * gpu.sms
+    args = [_with_scratch(keys_p, s) for s in sp] + [_with_scratch(keys_g, s) for s in sg]
+    try:
+        st = kernel.stitch(sp + sg, args, resident, block, target=target, private=lambda k: False)
+    except (StitchError, ValueError):
+        return 0
+    read = {ch.key for ch in st.channels if any(st.order[r] >= len(sp) for r in ch.readers)}
+    footprint = tir_stats.block_footprints(unscheduled_g)
+    return sum(footprint.get(j, tir_stats.buffer_bytes(unscheduled_g.params[j]))
+               for j, k in enumerate(keys_g) if k in read and j < len(unscheduled_g.params))

@@ -276,21 +276,20 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             key = (measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
                    if len(lowered) == 1 else None)
             seen[(func, unscheduled_func)] = (count[0], [estimate.stage(st.body) for st in lowered],
-                                              _work(func, lowered, unscheduled_func), key)
+                                              _work(func, lowered, unscheduled_func), key, lowered)
         return seen[(func, unscheduled_func)]
 
-    statements, stages, work, keys = [], [], [], []
+    statements, stages, work, keys, lowered = [], [], [], [], []
     for i, g in enumerate(groups):
         if not asked[i] or unstitchable[i] is not None:
-            facts = (0, [], [], None)
+            facts = (0, [], [], None, None)
         else:
             facts = facts_of(calls.func(i), raw.func(i) if raw is not None else calls.func(i))
-        for column, value in zip((statements, stages, work, keys), facts):
+        for column, value in zip((statements, stages, work, keys, lowered), facts):
             column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
     repeats = _repeats(calls) if only is None else [None] * len(groups)
-    onchip = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), raw,
-                                    [asked[i] and unstitchable[i] is None for i in range(len(groups))])
+    onchip = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
               if is_cuda(target) and only is None else [])
     return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip)
 

@@ -17,6 +17,7 @@ from ..core.hardware import for_arch, occupancy
 from ..core.targets import describe
 from ..errors import CoresidencyError
 from ..partition.groups import group_edges
+from ..stitch.module import function_runs
 from .schema import KernelReport, Report
 
 
@@ -116,6 +117,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     tensor cores. Bytes are those leaving the chip: a tensor a stage reads from (or writes only
     to) an on-chip channel counts in its ``onchip_bytes`` instead."""
     plan = []
+    run_of = {run[0]: run for run in function_runs(sk.stage_ids)}
     for i, (st, geometry) in enumerate(zip(sk.stage_ids, sk.geometry)):
         first = st.region in (None, 0)
         func = sk.stage_funcs.get(st.function, stage_funcs.get(st.function))   # at the kernel's block size
@@ -126,7 +128,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
         # the function's first region carries its bytes: every region's on-chip reads come off there
-        onchip = sorted({pos for j in _regions_of(sk, i) for pos in (sk.onchip[j] if j < len(sk.onchip) else [])}) \
+        onchip = sorted({pos for j in run_of.get(i, [i]) for pos in (sk.onchip[j] if j < len(sk.onchip) else [])}) \
             if first and func is not None else []
         footprint = result.footprints.get(st.function, {})
         saved = sum(footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) for pos in onchip)
@@ -137,15 +139,6 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
             stage = dataclasses.replace(stage, written_bytes=0)
         plan.append({**dataclasses.asdict(stage), **({"onchip_bytes": saved} if saved else {})})
     return plan
-
-
-def _regions_of(sk, i: int) -> list[int]:
-    """Stage ``i`` (a function's first region) and the entries of that call's later regions."""
-    out = [i]
-    while out[-1] + 1 < len(sk.stage_ids) and sk.stage_ids[out[-1] + 1].function == sk.stage_ids[i].function \
-            and (sk.stage_ids[out[-1] + 1].region or 0) > 0:
-        out.append(out[-1] + 1)
-    return out
 
 
 def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..core import progress
 from ..runtime import runner, traffic
 from ..runtime.traffic import LaunchTraffic
+from ..stitch.module import function_runs
 from .schema import Report
 
 
@@ -38,24 +39,13 @@ class Held:
         return self.analytic == self.counted
 
 
-def _stage_runs(stage_ids: list) -> list[list[int]]:
-    """Consecutive stage entries of one function (its launch regions, in order)."""
-    runs: list[list[int]] = []
-    for i, sid in enumerate(stage_ids):
-        if runs and stage_ids[runs[-1][-1]].function == sid.function and (sid.region or 0) > 0:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
-
-
 def stage_groups(stitched: list) -> dict[str, list[int]]:
     """Per stitched PrimFunc, per stage loop: the group of its stage function's launch regions
     (``runtime.traffic`` counts each group's distinct bytes)."""
     out = {}
     for sk in stitched:
         groups = [0] * len(sk.stage_ids)
-        for g, run in enumerate(_stage_runs(sk.stage_ids)):
+        for g, run in enumerate(function_runs(sk.stage_ids)):
             for i in run:
                 groups[i] = g
         out[sk.function] = groups
@@ -88,7 +78,7 @@ def attach(report: Report, counted: dict[tuple[str, int], LaunchTraffic], footpr
         if sk is not None and kernels[0].stage_plan:
             stages = launches[0].stages
             groups = launches[0].group_bytes
-            for g, run in enumerate(_stage_runs(sk.stage_ids)):
+            for g, run in enumerate(function_runs(sk.stage_ids)):
                 if run[-1] >= len(stages) or g >= len(groups):
                     continue
                 analytic = sum(kernels[0].stage_plan[i]["bytes"] for i in run)

@@ -23,12 +23,13 @@ virtual blocks follow one another:
   every reader must read on chip, and nothing after the kernel may read the tensor, which then
   never leaves the chip at all.
 
-``plan`` picks the channels and the stage spans they fuse; ``rebase`` rewrites a stage's
-accesses onto the channel's buffer. ``kernel.stitch`` applies them.
+``plan`` picks the channels and the stage spans they fuse, and rewrites the stages' accesses
+onto the channels' buffers (``rebase``); ``kernel.stitch`` builds the kernel from them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -42,7 +43,6 @@ from ..core import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
 from ..te.rewrite import uses
 
-STATIC_SHARED = STATIC_SHARED_LIMIT     # a channel is a static __shared__ array: above it ptxas refuses the kernel
 
 
 @dataclass
@@ -62,15 +62,15 @@ class Channel:
 
 def plan(views: list[dependence.StageView], args: list[list], access: list[tuple[list, list]],
          needs: list[str], param_of: dict, private: Callable[[Hashable], bool],
-         own_shared: list[int], grid: int) -> tuple[list[Channel], list[tuple[int, int]]]:
-    """The channels of a stitched kernel on ``grid`` blocks and the stage spans ``(first, last)``
-    to fuse for them.
+         own_shared: list[int], grid: int) -> tuple[list[Channel], list[tuple[int, int]], list]:
+    """The channels of a stitched kernel on ``grid`` blocks, the stage spans ``(first, last)``
+    to fuse for them, and ``views`` with the channels' accesses rebased onto them.
 
     ``views``, ``args``, ``access``: per stage its vb-form view, its parameters' keys and per
     parameter whether it reads and writes it; ``needs[i]``: the barrier stage ``i`` needs
     before it (``dependence``); ``private(key)``: the tensor is made here and not read after
     the kernel; ``own_shared[i]``: the shared bytes stage ``i`` allocates itself. The channels
-    live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED``).
+    live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED_LIMIT``).
     """
     n = len(views)
     seg = [0] * n      # stages of one segment: no grid sync between them, as many blocks
@@ -87,60 +87,57 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
                 readers.setdefault(k, []).append(i)
     channels: list[Channel] = []
     for k, ws in writers.items():
-        if len(ws) != 1:
+        if len(ws) != 1 or any(r < ws[0] for r in readers.get(k, [])):   # one writer, no reader before it
             continue
         w, buf = ws[0], param_of[k]
         later = [r for r in dict.fromkeys(readers.get(k, [])) if r > w]
-        if any(r < w for r in readers.get(k, [])):      # read before it is made: an input too
-            continue
         local = [r for r in later if views[r].blocks == views[w].blocks
                  and dependence.barrier_needed(views[w], buf, views[r], buf) != dependence.GRID]
+        dual = len(local) < len(later) or not private(k)
         resident = views[w].blocks <= grid
-        if not local:
-            continue
-        if not resident and (len(local) < len(later) or not private(k) or any(seg[r] != seg[w] for r in local)):
+        if not local or (not resident and (dual or any(seg[r] != seg[w] for r in local))):
             continue
         box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local])
-        if box is None:
-            continue
-        dual = len(local) < len(later) or not private(k)
-        shape = [int(e) for _, e in box]
-        chan = Channel(k, w, local, box, tirx.decl_buffer(shape, str(buf.ty.dtype), f"{buf.name}_onchip",
-                                                          scope="shared"), resident, dual)
-        try:
-            for i in [w] + local:
-                rebase(views[i].body, buf, chan, i == w)
+        if box is not None:
+            shape = [int(e) for _, e in box]
+            channels.append(Channel(k, w, local, box, tirx.decl_buffer(shape, str(buf.ty.dtype), f"{buf.name}_onchip",
+                                                                       scope="shared"), resident, dual))
+    kept, views = [], list(views)
+    for ch in _within_budget(channels, own_shared):
+        try:        # every access of the tensor moves on chip, or the channel is dropped
+            moved = {i: rebase(views[i].body, param_of[ch.key], ch, i == ch.writer) for i in [ch.writer] + ch.readers}
         except ValueError:      # reached other than by loads and stores (an address taken)
             continue
-        channels.append(chan)
-    return _within_budget(channels, own_shared)
+        for i, body in moved.items():
+            views[i] = dataclasses.replace(views[i], body=body)
+        kept.append(ch)
+    return kept, _merge([[ch.writer, max(ch.readers)] for ch in kept if not ch.resident]), views
 
 
-def _within_budget(channels: list[Channel], own_shared: list[int]) -> tuple[list[Channel], list[tuple[int, int]]]:
+def _within_budget(channels: list[Channel], own_shared: list[int]) -> list[Channel]:
     """Channels taken in order while, with the resident ones and each fused span's, the
-    hungriest stage's own shared memory fits ``STATIC_SHARED``; the spans the fused ones need
-    (overlapping spans merged)."""
+    hungriest stage's own shared memory fits ``STATIC_SHARED_LIMIT``."""
     kept: list[Channel] = []
-    spans: list[list[int]] = []
     for ch in channels:
-        trial = _merge(spans + [[ch.writer, max(ch.readers)]]) if not ch.resident else spans
-        resident = sum(c.bytes for c in kept + [ch] if c.resident)
-        fused = [sum(c.bytes for c in kept + [ch] if not c.resident and a <= c.writer <= b) for a, b in trial]
-        worst = max([0] + [f + max(own_shared[a:b + 1]) for f, (a, b) in zip(fused, trial)] + [max(own_shared)])
-        if resident + worst <= STATIC_SHARED:
+        trial = kept + [ch]
+        spans = _merge([[c.writer, max(c.readers)] for c in trial if not c.resident])
+        resident = sum(c.bytes for c in trial if c.resident)
+        fused = [sum(c.bytes for c in trial if not c.resident and a <= c.writer <= b) + max(own_shared[a:b + 1])
+                 for a, b in spans]
+        if resident + max(fused + [max(own_shared)]) <= STATIC_SHARED_LIMIT:
             kept.append(ch)
-            spans = trial
-    return kept, [(a, b) for a, b in spans]
+    return kept
 
 
-def _merge(spans: list[list[int]]) -> list[list[int]]:
+def _merge(spans: list[list[int]]) -> list[tuple[int, int]]:
+    """Overlapping stage spans merged, in order."""
     out: list[list[int]] = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1]:
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
-    return out
+    return [(a, b) for a, b in out]
 
 
 def rebase(body: tirx.Stmt, param, channel: Channel, writer: bool = False) -> tirx.Stmt:

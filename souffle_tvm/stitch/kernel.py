@@ -15,7 +15,6 @@ loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched f
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Hashable, NamedTuple
 
 import tvm
@@ -69,12 +68,9 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     tid = tirx.Var("threadIdx_x", "int64")
     views = [_on_kernel_params(st, keys, param_of, tid) for st, keys in zip(stages, args)]
     needs = _barriers(stages, args, access, views, param_of, block)
-    channels, spans = (channel.plan(views, args, access, needs, param_of, private,
-                                    [estimate.stage(v.body).shared_bytes for v in views], grid)
-                       if private is not None else ([], []))
-    for ch in channels:
-        for i in [ch.writer] + ch.readers:
-            views[i] = dataclasses.replace(views[i], body=channel.rebase(views[i].body, param_of[ch.key], ch, i == ch.writer))
+    channels, spans, views = (channel.plan(views, args, access, needs, param_of, private,
+                                           [estimate.stage(v.body).shared_bytes for v in views], grid)
+                              if private is not None else ([], [], views))
     gone = {ch.key for ch in channels if not ch.dual}
     resident_reads = [any(ch.resident and i in ch.readers for ch in channels) for i in range(len(stages))]
     syncs = [need == dependence.GRID for need in needs]
@@ -92,7 +88,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
             # barrier of its own before a stage that reads a resident channel after one
             parts[0] = tirx.SeqStmt([dependence.block_barrier(), parts[0]])
         if last == i:
-            loop = _grid_stride(it, stages[i].num_blocks, grid, bid, parts[0], stages[i].num_blocks, stages[i].num_threads)
+            loop = tirx.For(it, _i64(0), _trip(stages[i].num_blocks, grid, bid), tirx.ForKind.SERIAL, parts[0],
+                            annotations=_stage_annotations(stages[i]))
         else:
             loop = _fused(it, stages[i:last + 1], pres[i + 1:last + 1], parts,
                           [ch.buffer for ch in channels if not ch.resident and i <= ch.writer <= last], grid, bid)
@@ -172,11 +169,15 @@ def _stage_body(st: LoweredStage, view: dependence.StageView, it, grid: int, blo
                                          if a.attr_key.startswith("pragma_") and isinstance(a.node, tirx.Var) else a))
 
 
-def _grid_stride(it, blocks: int, grid: int, bid, body, stage_blocks: int, stage_threads: int) -> tirx.For:
-    """``for it: body`` over the virtual blocks ``it * grid + bid < blocks``, annotated as a stage."""
-    trip = tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
-    return tirx.For(it, _i64(0), trip, tirx.ForKind.SERIAL, body,
-                    annotations={STAGE_BLOCKS: _i64(stage_blocks), STAGE_THREADS: _i64(stage_threads)})
+def _trip(blocks: int, grid: int, bid) -> tirx.PrimExpr:
+    """Block ``bid``'s share of ``blocks`` virtual blocks walked grid-stride: a bid-dependent trip
+    count, never an ``if`` around barriers."""
+    return tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
+
+
+def _stage_annotations(st: LoweredStage) -> dict:
+    """What marks a stage's loop as one: its own block and thread counts."""
+    return {STAGE_BLOCKS: _i64(st.num_blocks), STAGE_THREADS: _i64(st.num_threads)}
 
 
 def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, bid) -> tirx.For:
@@ -191,11 +192,11 @@ def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, 
         if pre is not None:
             seq.append(pre)
         seq.append(tirx.For(tirx.Var(f"{it.name}_{k}", "int64"), _i64(0), _i64(1), tirx.ForKind.SERIAL, part,
-                            annotations={STAGE_BLOCKS: _i64(st.num_blocks), STAGE_THREADS: _i64(st.num_threads)}))
+                            annotations=_stage_annotations(st)))
     if blocks > grid:
         seq.append(dependence.block_barrier())
-    trip = tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
-    return tirx.For(it, _i64(0), trip, tirx.ForKind.SERIAL, tirx.SeqStmt(seq), annotations={FUSED: _i64(len(stages))})
+    return tirx.For(it, _i64(0), _trip(blocks, grid, bid), tirx.ForKind.SERIAL, tirx.SeqStmt(seq),
+                    annotations={FUSED: _i64(len(stages))})
 
 
 def _param_access(stage: LoweredStage) -> tuple[list[bool], list[bool]]:

@@ -51,6 +51,17 @@ class StitchedKernel:
     onchip_bytes: int = 0          # per block: the shared memory those channels take
 
 
+def function_runs(stage_ids: list[StageId]) -> list[list[int]]:
+    """Consecutive stage entries of one call of a function (its launch regions, in order)."""
+    runs: list[list[int]] = []
+    for i, sid in enumerate(stage_ids):
+        if runs and stage_ids[runs[-1][-1]].function == sid.function and (sid.region or 0) > 0:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def kernel_name(subprogram: int) -> str:
     """The name of the stitched kernel made from subprogram ``subprogram`` (and its Relax call)."""
     return f"souffle_stitched_{subprogram}"
