@@ -188,22 +188,26 @@ def launch_extents(kernel: tirx.PrimFunc) -> tuple[list[int], list[int]]:
     return grid, block
 
 
-def global_scratch_bytes(func: tirx.PrimFunc) -> int:
-    """Bytes of the global memory a scheduled PrimFunc allocates itself: what a function lowered
-    to several kernels passes between them (each byte written by one and read by another)."""
-    total = 0
+def global_scratch_buffers(func: tirx.PrimFunc) -> list:
+    """The global buffers a scheduled PrimFunc allocates itself, in order: what a function lowered
+    to several kernels passes between them (``stitch.lower`` makes them scratch parameters)."""
+    found: list = []
 
     def add(buf):
-        nonlocal total
         if is_global(buf):
-            total += buffer_bytes(buf)
+            found.append(buf)
 
     def block(blk):
         for buf in blk.alloc_buffers:
             add(buf)
 
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, block), (tirx.AllocBuffer, lambda a: add(a.buffer))])
-    return total
+    return found
+
+
+def global_scratch_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of ``global_scratch_buffers`` (each written by one kernel and read by another)."""
+    return sum(buffer_bytes(b) for b in global_scratch_buffers(func))
 
 
 def primfunc_param_bytes(func: tirx.PrimFunc) -> int:

@@ -131,7 +131,11 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         onchip = sorted({pos for j in run_of.get(i, [i]) for pos in (sk.onchip[j] if j < len(sk.onchip) else [])}) \
             if first and func is not None else []
         footprint = result.footprints.get(st.function, {})
-        saved = sum(footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) for pos in onchip)
+        # a position past the parameters is a global scratch buffer between the function's kernels
+        scratch = tir_stats.global_scratch_buffers(func) if onchip else []
+        saved = sum(footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) if pos < len(func.params)
+                    else tir_stats.buffer_bytes(scratch[pos - len(func.params)])
+                    for pos in onchip if pos - len(func.params) < len(scratch))
         unwritten = sum(tir_stats.buffer_bytes(func.params[pos]) for pos in onchip
                         if pos in tir_stats.stored_positions(func)) if onchip else 0
         stage = dataclasses.replace(stage, bytes=stage.bytes - saved, written_bytes=max(stage.written_bytes - unwritten, 0))
