@@ -56,6 +56,15 @@ def v3_builds():
     return get
 
 
+def assert_floors_hold(report) -> None:
+    """Every kernel of a CUDA report has its static floor (core/floors.py) and block counts, and
+    its predicted time is not below that floor."""
+    for k in report.kernels:
+        assert k.block_counts is not None and k.floor_by, k.name
+        assert k.floor_us is not None and k.predicted_us is not None, k.name
+        assert k.predicted_us >= k.floor_us, f"{k.name}: predicted {k.predicted_us} us below its floor {k.floor_us}"
+
+
 def run_and_compare(compiled, seed: int = 0):
     from souffle_tvm.runtime import runner
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import ZOO, needs_nvcc
+from conftest import ZOO, assert_floors_hold, needs_nvcc
 from souffle_tvm.pipeline.driver import compile as compile_model
 
 
@@ -20,6 +20,7 @@ def test_small_model_cuda_build_compiles_with_nvcc(name, arch):
         assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
         assert all(g >= 1 for g in k.grid) and 1 <= k.block[0] * k.block[1] * k.block[2] <= 1024
     assert r.launches >= r.distinct_kernels
+    assert_floors_hold(r)
 
 
 # Swin's stitched build runs several ptxas feedback rounds (~100 s on 2 cores): `slow`, to keep
@@ -40,6 +41,7 @@ def test_small_model_stitched_build_compiles_and_fits(name):
         assert k.spill_bytes == 0, f"{k.name} spills {k.spill_bytes} bytes"
     for k in coop:
         assert k.grid_syncs and k.grid[0] <= k.max_coresident
+    assert_floors_hold(r)
 
 
 def _gemm(m, n, k, dtype="float16"):

@@ -30,7 +30,8 @@ from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
-from ..core import tir_stats
+from ..core import tir_counts, tir_stats
+from ..core.floors import BlockCounts
 from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
 
@@ -49,6 +50,7 @@ class DeviceKernel:
     cooperative: bool = False
     tensor_core: bool = False
     elem_bytes: int = 4                  # element size of what it stores
+    counts: BlockCounts | None = None    # what one block executes, for the static floors
 
 
 @dataclass
@@ -124,7 +126,7 @@ def record_device_kernels(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         _recording[-1].kernels.append(DeviceKernel(
             name, primfunc, grid, block, buffers, stored, _dyn_shared_bytes(func),
             "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"]),
-            tir_stats.uses_tensor_cores(func), tir_stats.stored_element_bytes(func)))
+            tir_stats.uses_tensor_cores(func), tir_stats.stored_element_bytes(func), tir_counts.block_counts(func)))
     return mod
 
 

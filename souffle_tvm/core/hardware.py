@@ -37,12 +37,16 @@ class GPU:
     fp16_flops: float = 312e12           # dense tensor-core peak
     l2_bytes: int = 50 * 2**20           # what V4 may prefetch into (prefetch.L2_SHARE of it per segment)
     launch_overhead_s: float = 3e-6
+    # The static floors (core/floors.py) read these at their most optimistic.
+    clock_hz: float = 1.98e9             # boost clock
+    l2_bandwidth: float = 12e12          # bytes/s: above every published L2 measurement of the part
     grid_sync_overhead_s: float = 2e-6
 
 
 GPUS = {
     "a100": GPU("A100-SXM4-80GB", "sm_80", sms=108, smem_per_sm=167936, smem_per_block_optin=166912,
-                dram_bandwidth=2.039e12, fp32_flops=19.5e12, fp16_flops=312e12, l2_bytes=40 * 2**20),
+                dram_bandwidth=2.039e12, fp32_flops=19.5e12, fp16_flops=312e12, l2_bytes=40 * 2**20,
+                clock_hz=1.41e9, l2_bandwidth=7.2e12),
     "h100": GPU("H100-SXM", "sm_90", sms=132, dram_bandwidth=3.35e12, fp32_flops=67e12, fp16_flops=989e12),
     "h200": GPU("H200", "sm_90", sms=132, dram_bandwidth=4.8e12, fp32_flops=67e12, fp16_flops=989e12,
                 l2_bytes=60 * 2**20),

@@ -25,6 +25,10 @@ bytes and flops. The terms, each physical:
 * **Fixed costs.** A grid sync plus the cold restart after it (``sync_us``); per kernel in a
   CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
   when its kernels are shorter (``launch_us``).
+* **Floors.** Neither a stage nor a kernel is predicted faster than its static floors
+  (``core.floors``: bytes over L2, flops on the busiest SM, shared-memory wavefronts and the
+  K-step load chain counted from the kernel's TIR): fitted constants must not buy a time no
+  schedule of that work can reach.
 
 Six constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
 ``results/latency/`` and docs/latency-model.md), shared by all models and operators. Not
@@ -37,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import floors
 from .hardware import GPU, occupancy
 
 
@@ -79,6 +84,16 @@ class Stage:
     tensor_core: bool = False
     written_bytes: int = 0
     elem_bytes: int = 4
+    shared_wavefronts: float = 0.0   # per tile, where a rule knows it before building (floors)
+    k_steps: int = 0                 # per tile: unpipelined K steps, each waiting on a global load
+
+    def floor_seconds(self, gpu: GPU, slots: int) -> float:
+        """The largest of the stage's static floors (``core.floors``)."""
+        return floors.binding(self.floors(gpu, slots))[1]
+
+    def floors(self, gpu: GPU, slots: int) -> dict[str, float]:
+        return floors.stage_floors(gpu, self.tiles, self.bytes, self.flops, self.tensor_core, self.elem_bytes,
+                                   self.shared_wavefronts, self.k_steps, slots)
 
     def tile_loads(self) -> float:
         """Bytes one tile loads: its share of the footprint, or for a contraction the operand
@@ -104,6 +119,7 @@ class Kernel:
     grid_syncs: int = 0
     launches: int = 1
     uncaptured: int | None = None   # under TVM's CUDA-graph rewriting: launches left outside its graphs
+    counts: floors.BlockCounts | None = None   # what one block executes, from its lowered TIR
 
     @classmethod
     def single(cls, name: str, grid: int, threads: int, registers: int | None, shared_bytes: int,
@@ -119,6 +135,7 @@ class StageTime:
     memory_s: float
     compute_s: float
     seconds: float
+    floor: float = 0.0   # the stage's largest static floor: ``seconds`` is never below it
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,8 @@ class KernelTime:
     stages: tuple[StageTime, ...]
     sync_s: float
     seconds: float       # one launch on the GPU, without launch costs
+    floor: float = 0.0   # its static floor (the stages' floors in sequence, or what its blocks execute)
+    floor_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +199,8 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     tail = (slots - rest) / slots if rest else 0.0
     if persistent:
         seconds += (waves - 1) * c.tile_us * 1e-6
-    return StageTime(waves, tail, mem, comp, seconds)
+    floor = stage.floor_seconds(gpu, slots)
+    return StageTime(waves, tail, mem, comp, max(seconds, floor), floor)
 
 
 def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
@@ -188,7 +208,23 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
     per_sm, slots = resident_blocks(gpu, kernel)
     stages = tuple(stage_time(gpu, c, s, slots, persistent=len(kernel.stages) > 1) for s in kernel.stages)
     sync = kernel.grid_syncs * c.sync_us * 1e-6
-    return KernelTime(kernel.name, slots, per_sm, stages, sync, sum(s.seconds for s in stages) + sync)
+    by, floor = kernel_floor(gpu, kernel, slots, stages)
+    return KernelTime(kernel.name, slots, per_sm, stages, sync, max(sum(s.seconds for s in stages) + sync, floor),
+                      floor, by)
+
+
+def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, ...]) -> tuple[str | None, float]:
+    """(name, seconds) of ``kernel``'s binding floor: its stages' floors one after another, or a
+    floor of what its blocks execute (``Kernel.counts``), whichever is larger."""
+    named = {}
+    if len(stages) == 1:
+        named = kernel.stages[0].floors(gpu, slots)
+    elif stages:
+        named = {"stages": sum(s.floor for s in stages)}
+    if kernel.counts is not None:
+        for name, v in floors.block_floors(gpu, kernel.grid, slots, kernel.counts).items():
+            named[name] = max(named.get(name, 0.0), v)
+    return floors.binding(named)
 
 
 def predict(gpu: GPU, c: Constants, kernels: list[Kernel], graphs: bool, replays: int | None = None) -> Prediction:
@@ -232,10 +268,16 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
                                  s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes)
                            for s in plan)
             out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, stages,
-                              r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph")))
+                              r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph"),
+                              _counts(r)))
         else:
             st = Stage(grid, threads, r["bytes"], r["flops"], bool(r.get("tensor_core")),
                        r.get("written_bytes") or 0, r.get("elem_bytes") or elem_bytes)
             out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, (st,), 0,
-                              r["launches"], r.get("launches_outside_graph")))
+                              r["launches"], r.get("launches_outside_graph"), _counts(r)))
     return out
+
+
+def _counts(row: dict) -> floors.BlockCounts | None:
+    c = row.get("block_counts")
+    return floors.BlockCounts(**c) if c else None

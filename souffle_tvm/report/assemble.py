@@ -57,7 +57,7 @@ def cuda_report(name: str, target, result: BuildResult, figures: dict | None, nv
                 cooperative=k.cooperative, tensor_core=k.tensor_core,
                 written_bytes=sum(min(result.footprints.get(pf, {}).get(n, v), v)
                                   for n, v in k.global_buffers.items() if n in k.stored),
-                elem_bytes=k.elem_bytes))
+                elem_bytes=k.elem_bytes, block_counts=k.counts.as_dict() if k.counts else None))
     distinct = len({k.name for k in result.kernels if k.primfunc in result.calls})
     return _totals(name, describe(target).split()[0], str(target.attrs["arch"]), kernels, distinct,
                    result.seconds, nvcc)

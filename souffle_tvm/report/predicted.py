@@ -23,6 +23,8 @@ def add_latency(report: Report, constants: latency.Constants = latency.FITTED) -
     kernels = kernels_of(report)
     plain = latency.predict(gpu, constants, kernels, graphs=False)
     graph = latency.predict(gpu, constants, kernels, graphs=True)
+    for row, t in zip(report.kernels, plain.kernels):
+        row.predicted_us, row.floor_us, row.floor_by = round(t.seconds * 1e6, 4), round(t.floor * 1e6, 4), t.floor_by
     report.latency = {"ms": round(plain.seconds * 1e3, 4), "graph_ms": round(graph.seconds * 1e3, 4),
                       "gpu_ms": round(plain.gpu_seconds * 1e3, 4), "gpu": gpu.name,
                       "resources": "ptxas" if report.nvcc.get("available") else "none (occupancy from threads only)",

@@ -95,6 +95,10 @@ class KernelReport:
     launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
     min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
     counted: dict | None = None          # traffic counted in the emulator (``report.counted``), where it was run
+    block_counts: dict | None = None     # what one block executes, from the lowered TIR (``core.tir_counts``)
+    predicted_us: float | None = None    # the latency model's time for one launch (an estimate)
+    floor_us: float | None = None        # its largest static floor (``core.floors``): predicted_us is never below
+    floor_by: str | None = None          # which floor that is
 
 
 @dataclass

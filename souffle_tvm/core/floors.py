@@ -1,0 +1,99 @@
+"""Static floors on a kernel's GPU time: what no schedule of its work can beat, from facts the
+build has (its bytes and flops, its launch, and what one block executes, counted from the
+lowered TIR by ``core.tir_counts``).
+
+The latency model (``core.latency``) is fitted; these are not. Each floor is a physical limit
+taken at its most optimistic, so that a prediction below it is wrong, not merely uncertain:
+
+* **memory:** every byte the kernel moves crosses L2 at least once, at an L2 bandwidth above
+  any published measurement of the part (``GPU.l2_bandwidth``);
+* **arithmetic:** the busiest SM runs at least ``ceil(blocks / SMs)`` blocks' flops at its share
+  of the datasheet peak (tensor cores where the stage uses them; half2 SIMT for 2-byte types);
+* **shared memory:** an SM serves one 128-byte wavefront of shared memory per clock; a warp's
+  shared access takes at least one wavefront per 16 bytes a lane moves (the widest vector
+  access, every lane reading the same address);
+* **K-step chain:** a serial loop step that loads from global memory into shared memory and then
+  waits at a block barrier cannot end before that load returns (``LOAD_LATENCY_CYCLES``, an L2
+  hit); a software-pipelined step still waits at its barrier (``BARRIER_CYCLES``). Blocks that
+  are not resident together run these chains one wave after another.
+
+A stitched kernel's stages run one after another (grid syncs between them): its floor is the
+sum of its stages' floors, and at least the floors of what its blocks execute in all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hardware import GPU
+
+# An L2 hit on sm_80/sm_90 takes about 200-270 cycles (microbenchmarks); the floor takes the low end.
+LOAD_LATENCY_CYCLES = 200
+# bar.sync with every warp already there: about 20 cycles.
+BARRIER_CYCLES = 20
+# bytes of shared memory one SM serves per clock (32 banks of 4 bytes): one wavefront
+WAVEFRONT_BYTES = 128
+# the widest shared access a lane makes (ld.shared.v4.b32)
+WIDEST_LANE_ACCESS = 16
+
+
+@dataclass(frozen=True)
+class BlockCounts:
+    """What one block executes (the block with the least work: a grid-stride loop's last
+    block), counted from a lowered kernel's TIR (``core.tir_counts``).
+
+    ``shared_wavefronts``: shared-memory wavefronts its warps need at least; ``k_steps``: serial
+    loop steps that wait on a global load at a block barrier; ``pipelined_steps``: serial steps
+    with a barrier whose loads were issued ahead (through registers or ``cp.async``)."""
+    threads: int
+    shared_wavefronts: float = 0.0
+    k_steps: int = 0
+    pipelined_steps: int = 0
+    barriers: int = 0
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "shared_wavefronts": round(self.shared_wavefronts, 2),
+                "k_steps": self.k_steps, "pipelined_steps": self.pipelined_steps, "barriers": self.barriers}
+
+
+def _peak(gpu: GPU, tensor_core: bool, elem_bytes: int) -> float:
+    if tensor_core:
+        return gpu.fp16_flops
+    return gpu.fp32_flops * (2 if elem_bytes == 2 else 1)     # half2: two lanes per FMA
+
+
+def stage_floors(gpu: GPU, tiles: int, nbytes: int, flops: int, tensor_core: bool = False,
+                 elem_bytes: int = 4, shared_wavefronts: float = 0.0, k_steps: int = 0,
+                 slots: int | None = None) -> dict[str, float]:
+    """Seconds, by name, of each floor of one stage of ``tiles`` blocks (``shared_wavefronts`` and
+    ``k_steps`` per tile, where a schedule rule knows them before anything is built)."""
+    if tiles <= 0:
+        return {}
+    per_sm = math.ceil(tiles / gpu.sms)
+    out = {"memory": nbytes / gpu.l2_bandwidth,
+           "arithmetic": per_sm * flops / tiles / (_peak(gpu, tensor_core, elem_bytes) / gpu.sms)}
+    if shared_wavefronts:
+        out["shared"] = per_sm * shared_wavefronts / gpu.clock_hz
+    if k_steps:
+        waves = math.ceil(tiles / slots) if slots else 1
+        out["k_chain"] = waves * k_steps * LOAD_LATENCY_CYCLES / gpu.clock_hz
+    return out
+
+
+def block_floors(gpu: GPU, grid: int, slots: int, counts: BlockCounts) -> dict[str, float]:
+    """Seconds, by name, of the floors of what a kernel's blocks execute (``counts``: one block's)."""
+    if grid <= 0:
+        return {}
+    waves = math.ceil(grid / max(slots, 1))
+    chain = counts.k_steps * LOAD_LATENCY_CYCLES + counts.pipelined_steps * BARRIER_CYCLES
+    return {"shared": math.ceil(grid / gpu.sms) * counts.shared_wavefronts / gpu.clock_hz,
+            "k_chain": waves * chain / gpu.clock_hz}
+
+
+def binding(floors: dict[str, float]) -> tuple[str | None, float]:
+    """(name, seconds) of the largest floor; (None, 0) where there is none."""
+    if not floors:
+        return None, 0.0
+    name = max(floors, key=floors.get)
+    return name, floors[name]

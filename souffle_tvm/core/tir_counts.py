@@ -1,0 +1,252 @@
+"""What one block of a lowered device kernel executes, counted from its TIR: the facts the static
+floors (``core.floors``) read.
+
+Counts are lower bounds, so the floors stay floors:
+* a loop runs its extent; an extent that depends on the block (a stitched kernel's grid-stride
+  trip) is taken at the last block, which has the fewest trips; one that cannot be evaluated
+  counts once;
+* a branch on the thread index runs in the warps that hold a thread taking it (evaluated for
+  every thread of the block); a branch marked ``likely`` (TVM's bound checks) is taken; any
+  other branch, and the branches of an ``if_then_else`` expression, count nothing;
+* a shared access of ``b`` bytes per lane costs its warp ``b / 16`` wavefronts (the widest
+  vector access, every lane on the same address); ``ldmatrix`` of ``n`` 8x8 matrices ``n``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from . import tir_stats
+from .floors import WAVEFRONT_BYTES, WIDEST_LANE_ACCESS, BlockCounts
+
+_THREADS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _op(call) -> str:
+    return str(getattr(call.op, "name", ""))
+
+
+def _scope(buf) -> str:
+    return str(buf.ty.storage_scope or "global")
+
+
+def _lane_bytes(buffer, indices) -> int:
+    """Bytes one lane moves accessing ``buffer`` at ``indices`` (a ``Ramp`` index: a vector)."""
+    lanes = math.prod(int(i.lanes) for i in indices if isinstance(i, tirx.Ramp))
+    return tir_stats.dtype_bytes(str(buffer.ty.dtype)) * lanes
+
+
+_BINARY = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
+           tirx.FloorMod: np.mod, tirx.Div: np.floor_divide, tirx.Mod: np.mod, tirx.Min: np.minimum,
+           tirx.Max: np.maximum, tirx.LT: np.less, tirx.LE: np.less_equal, tirx.GT: np.greater,
+           tirx.GE: np.greater_equal, tirx.EQ: np.equal, tirx.NE: np.not_equal, tirx.And: np.logical_and,
+           tirx.Or: np.logical_or}
+
+
+class _Walk:
+    """One pass over a kernel's body, carrying how many times (``trips``) and in how many warps
+    (``warps``, a boolean mask over the block's warps) each statement runs."""
+
+    def __init__(self):
+        self.extents: dict[str, int] = {}
+        self.env: dict = {}                 # var -> value (numpy over the block's threads, or int)
+        self.thread_vars: list = []
+        self.shared = 0.0
+        self.k_steps = self.pipelined = self.barriers = 0
+
+    # -- evaluation over the block's threads ---------------------------------------------------
+    def _thread_ids(self) -> dict[str, np.ndarray]:
+        x, y, z = (self.extents.get(t, 1) for t in _THREADS)
+        tid = np.arange(x * y * z)
+        return {"threadIdx.x": tid % x, "threadIdx.y": tid // x % y, "threadIdx.z": tid // (x * y)}
+
+    def eval(self, e):
+        if isinstance(e, tirx.IntImm):
+            return int(e.value)
+        if isinstance(e, tirx.Var):
+            if e in self.env:
+                return self.env[e]
+            raise _Unknown
+        if isinstance(e, tirx.Cast):
+            return self.eval(e.value)
+        if isinstance(e, tirx.Not):
+            return np.logical_not(self.eval(e.a))
+        if type(e) in _BINARY:
+            return _BINARY[type(e)](self.eval(e.a), self.eval(e.b))
+        if isinstance(e, tirx.Select):
+            return np.where(self.eval(e.condition), self.eval(e.true_value), self.eval(e.false_value))
+        if isinstance(e, tvm.ir.Call) and _op(e).endswith("likely"):
+            return self.eval(e.args[0])
+        raise _Unknown
+
+    def _extent(self, e) -> int:
+        try:
+            v = self.eval(e)
+        except _Unknown:
+            return 1
+        return int(np.min(v)) if isinstance(v, np.ndarray) else int(v)
+
+    def _warps(self, mask) -> np.ndarray:
+        warps = math.ceil(self.threads / 32)
+        padded = np.zeros(warps * 32, dtype=bool)
+        padded[:self.threads] = np.broadcast_to(mask, (self.threads,))
+        return padded.reshape(warps, 32).any(axis=1)
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.extents.get(t, 1) for t in _THREADS)
+
+    # -- expressions ---------------------------------------------------------------------------
+    def expr(self, e, trips: int, warps: int) -> tuple[bool, bool]:
+        """Count ``e``'s shared accesses; (loads global memory, loads shared memory)."""
+        skipped: list = []
+        found = {"global": False, "shared": False}
+
+        def branchy(c):
+            if _op(c).endswith("if_then_else"):
+                for arg in c.args[1:]:
+                    tvm_ffi.structural_walk(arg, (tvm.ir.TensorLoad, skipped.append))
+
+        tvm_ffi.structural_walk(e, (tvm.ir.Call, branchy))
+
+        def load(ld):
+            if any(ld.same_as(s) for s in skipped):
+                return
+            scope = _scope(ld.source)
+            if scope == "global":
+                found["global"] = True
+            elif scope.startswith("shared"):
+                found["shared"] = True
+                self.shared += trips * warps * _lane_bytes(ld.source, ld.indices) / WIDEST_LANE_ACCESS
+
+        def call(c):
+            name = _op(c)
+            if name.endswith("ptx_ldmatrix"):
+                self.shared += trips * warps * int(c.args[1].value)
+            elif name.endswith("tvm_load_matrix_sync"):
+                self.shared += trips * warps * 512 / WAVEFRONT_BYTES
+            elif name.endswith("ptx_cp_async"):
+                found["global"] = True
+                nbytes = c.args[-1] if not isinstance(c.args[-1], tvm.ir.Call) else c.args[-2]
+                lane = int(nbytes.value) if isinstance(nbytes, tirx.IntImm) else 4
+                self.shared += trips * warps * lane / WIDEST_LANE_ACCESS
+            elif name.endswith("tvm_storage_sync") and c.args and str(c.args[0].value).startswith("shared"):
+                self.barriers += trips
+
+        tvm_ffi.structural_walk(e, [(tvm.ir.TensorLoad, load), (tvm.ir.Call, call)])
+        return found["global"], found["shared"]
+
+    # -- statements ----------------------------------------------------------------------------
+    def stmt(self, s, trips: int, mask) -> None:
+        warps = int(self._warps(mask).sum()) if self.threads else 1
+        if warps == 0 or trips == 0:
+            return
+        if isinstance(s, tirx.SeqStmt):
+            for c in s.seq:
+                self.stmt(c, trips, mask)
+        elif isinstance(s, tirx.AttrStmt):
+            if s.attr_key == "thread_extent":
+                tag = str(s.node.thread_tag)
+                self.extents[tag] = self._extent(s.value)
+                if tag in _THREADS:
+                    self.thread_vars.append((s.node.var, tag))
+                    ids = self._thread_ids()
+                    for var, t in self.thread_vars:
+                        self.env[var] = ids[t]
+                    mask = np.ones(self.threads, dtype=bool)
+                else:
+                    # a grid-stride trip is fewest at the last block
+                    self.env[s.node.var] = self.extents[tag] - 1
+            self.stmt(s.body, trips, mask)
+        elif isinstance(s, tirx.For):
+            self._loop(s, trips, mask)
+        elif isinstance(s, tirx.IfThenElse):
+            try:
+                taken = np.broadcast_to(np.asarray(self.eval(s.condition), dtype=bool), (self.threads,))
+            except _Unknown:
+                likely = isinstance(s.condition, tvm.ir.Call) and _op(s.condition).endswith("likely")
+                taken = np.ones(self.threads, dtype=bool) if likely else None
+            if taken is not None:
+                self.stmt(s.then_case, trips, np.logical_and(mask, taken))
+                if s.else_case is not None:
+                    self.stmt(s.else_case, trips, np.logical_and(mask, ~taken))
+        elif isinstance(s, (tirx.Bind, tirx.LetStmt)):
+            try:
+                self.env[s.var] = self.eval(s.value)
+            except _Unknown:
+                pass
+            self.expr(s.value, trips, warps)
+            if getattr(s, "body", None) is not None:
+                self.stmt(s.body, trips, mask)
+        elif isinstance(s, tirx.BufferStore):
+            self.expr(s.value, trips, warps)
+            for i in s.indices:
+                self.expr(i, trips, warps)
+            if _scope(s.buffer).startswith("shared"):
+                self.shared += trips * warps * _lane_bytes(s.buffer, s.indices) / WIDEST_LANE_ACCESS
+        elif isinstance(s, tirx.Evaluate):
+            self.expr(s.value, trips, warps)
+        elif isinstance(s, (tirx.AllocBuffer, tirx.DeclBuffer)):
+            body = getattr(s, "body", None)
+            if body is not None:
+                self.stmt(body, trips, mask)
+        elif isinstance(s, tirx.While):
+            self.stmt(s.body, trips, mask)
+
+    def _loop(self, loop, trips: int, mask) -> None:
+        extent = self._extent(loop.extent) if loop.kind != tirx.ForKind.VECTORIZED else 1
+        step = _Step(loop.body)
+        if loop.kind == tirx.ForKind.SERIAL and extent > 1 and step.barrier and not step.inner:
+            if step.global_to_shared:
+                self.k_steps += trips * extent
+            else:
+                self.pipelined += trips * extent
+        self.stmt(loop.body, trips * extent, mask)
+
+
+class _Step:
+    """What one iteration of a loop body holds: a shared barrier, a store of a global load straight
+    into shared memory (an unpipelined K step), and whether an inner loop holds a barrier (then the
+    inner loop is the step)."""
+
+    def __init__(self, body):
+        self.barrier = self.global_to_shared = self.inner = False
+
+        def call(c):
+            name = _op(c)
+            if name.endswith("tvm_storage_sync") and c.args and str(c.args[0].value).startswith("shared"):
+                self.barrier = True
+
+        def store(s):
+            if _scope(s.buffer).startswith("shared"):
+                loads: list = []
+                tvm_ffi.structural_walk(s.value, (tvm.ir.TensorLoad, lambda ld: loads.append(_scope(ld.source))))
+                self.global_to_shared |= "global" in loads
+
+        def loop(f):
+            inner: list = []
+            tvm_ffi.structural_walk(f.body, (tvm.ir.Call, lambda c: inner.append(c)
+                                             if _op(c).endswith("tvm_storage_sync") else None))
+            self.inner |= bool(inner) and f.kind == tirx.ForKind.SERIAL and self._extent_gt1(f)
+
+        tvm_ffi.structural_walk(body, [(tvm.ir.Call, call), (tirx.BufferStore, store), (tirx.For, loop)])
+
+    @staticmethod
+    def _extent_gt1(f) -> bool:
+        return not (isinstance(f.extent, tirx.IntImm) and int(f.extent.value) <= 1)
+
+
+def block_counts(func: tirx.PrimFunc) -> BlockCounts:
+    """What one block of the lowered device kernel ``func`` executes, at least."""
+    walk = _Walk()
+    walk.stmt(func.body, 1, np.ones(1, dtype=bool))
+    return BlockCounts(max(walk.threads, 1), walk.shared, walk.k_steps, walk.pipelined, walk.barriers)

@@ -1,0 +1,147 @@
+"""Static floors on GPU time (core/floors.py), the block counts they read from lowered TIR
+(core/tir_counts.py), and the latency model held above them."""
+
+import math
+
+import pytest
+from tvm.script import tirx as T
+
+from conftest import assert_floors_hold, needs_nvcc
+from souffle_tvm.core import floors, hardware, latency, tir_counts
+from souffle_tvm.pipeline.driver import compile as compile_model
+
+H200 = hardware.for_arch("sm_90")
+
+
+def f32_ptr():
+    """A global float32 pointer parameter (a call, not a string annotation pyflakes would read)."""
+    return T.handle("float32", "global")
+
+
+@T.prim_func(s_tir=True)
+def _k_loop(a_ptr: f32_ptr(), c_ptr: f32_ptr()):
+    T.func_attr({"tirx.is_global_func": True, "tirx.noalias": True})
+    a = T.decl_buffer((4096,), data=a_ptr)
+    c = T.decl_buffer((64,), data=c_ptr)
+    with T.launch_thread("blockIdx.x", 4) as bx:
+        acc = T.alloc_local((1,))
+        tile = T.alloc_shared((64,))
+        tx = T.launch_thread("threadIdx.x", 64)
+        acc[0] = T.float32(0.0)
+        for ko in range(8):
+            tile[tx] = a[bx * 1024 + ko * 64 + tx]
+            T.tvm_storage_sync("shared")
+            acc[0] = acc[0] + tile[tx] * tile[63 - tx]
+            T.tvm_storage_sync("shared")
+        if tx < 32:
+            tile[tx] = acc[0]
+        c[tx] = acc[0]
+
+
+def test_a_k_loop_is_counted_by_hand():
+    """Two warps, 8 steps of: store 4 B to shared, barrier, two 4 B shared loads, barrier; then
+    one warp stores 4 B. At 16 B a lane per wavefront: 8 x 2 x (1 + 2) / 4 + 1 / 4 = 12.25."""
+    c = tir_counts.block_counts(_k_loop)
+    assert (c.threads, c.shared_wavefronts, c.k_steps, c.pipelined_steps, c.barriers) == (64, 12.25, 8, 0, 16)
+
+
+@T.prim_func(s_tir=True)
+def _prefetched(a_ptr: f32_ptr(), c_ptr: f32_ptr()):
+    T.func_attr({"tirx.is_global_func": True, "tirx.noalias": True})
+    a = T.decl_buffer((4096,), data=a_ptr)
+    c = T.decl_buffer((128,), data=c_ptr)
+    with T.launch_thread("blockIdx.x", 4) as bx:
+        reg = T.alloc_local((1,))
+        acc = T.alloc_local((1,))
+        tile = T.alloc_shared((256,))
+        tx = T.launch_thread("threadIdx.x", 128)
+        acc[0] = T.float32(0.0)
+        # a grid-stride loop over 10 tiles: block 3, the last, runs (10 - 3 + 3) // 4 = 2
+        for it in range((10 - bx + 3) // 4):
+            for ko in range(4):
+                reg[0] = a[ko * 128 + tx]
+                tile[tx * 2:tx * 2 + 2] = T.Broadcast(reg[0], 2)
+                T.tvm_storage_sync("shared")
+                acc[0] = acc[0] + tile[tx]
+        c[tx] = acc[0]
+
+
+def test_a_grid_stride_trip_counts_at_the_last_block_and_a_register_prefetch_is_pipelined():
+    c = tir_counts.block_counts(_prefetched)
+    # 2 trips x 4 steps; 4 warps; an 8 B vector store (0.5) and a 4 B load (0.25) a step
+    assert (c.k_steps, c.pipelined_steps, c.barriers) == (0, 8, 8)
+    assert c.shared_wavefronts == 2 * 4 * 4 * 0.75
+
+
+def test_the_one_by_one_convolution_floors():
+    """ResNeXt's conv at M = 196, N = 512, K = 1024 (docs/review-on-chip-and-latency.md §3): 208
+    blocks of 16 warps, 2 on the busiest SM, 64 K steps, one ld.shared.v2 wavefront a k per warp:
+    16.5 us of shared memory, 6.5 us of K-step chain, 3.1 us of arithmetic."""
+    counts = floors.BlockCounts(threads=512, shared_wavefronts=16 * 1024, k_steps=64)
+    got = floors.block_floors(H200, grid=208, slots=264, counts=counts)
+    assert got["shared"] == pytest.approx(2 * 16 * 1024 / 1.98e9)
+    assert got["k_chain"] == pytest.approx(64 * floors.LOAD_LATENCY_CYCLES / 1.98e9)
+    stage = floors.stage_floors(H200, 208, 3_350_000, 2 * 196 * 512 * 1024)
+    assert stage["arithmetic"] == pytest.approx(2 * (2 * 196 * 512 * 1024 / 208) / (67e12 / 132))
+    assert stage["memory"] == pytest.approx(3_350_000 / H200.l2_bandwidth)
+    # half the blocks' waves: a grid past the resident slots runs its chains one wave after another
+    assert floors.block_floors(H200, 528, 264, counts)["k_chain"] == pytest.approx(2 * got["k_chain"])
+
+
+def _kernel(counts=None, flops=1000, tiles=132, tensor_core=False):
+    st = latency.Stage(tiles, 256, 4096 * tiles, flops * tiles, tensor_core)
+    return latency.Kernel("k", tiles, 256, 32, 0, (st,), counts=counts)
+
+
+def test_a_prediction_below_its_floor_is_raised_to_it():
+    """What the fitted terms give a kernel of little traffic and arithmetic is far below what its
+    counted shared-memory wavefronts need: the model answers the floor, and says which."""
+    loose = latency.kernel_time(H200, latency.FITTED, _kernel())
+    counts = floors.BlockCounts(threads=256, shared_wavefronts=1e6)
+    tight = latency.kernel_time(H200, latency.FITTED, _kernel(counts))
+    assert loose.seconds < 1e-6 * 5
+    assert tight.floor_by == "shared" and tight.floor == pytest.approx(1e6 / 1.98e9)
+    assert tight.seconds == tight.floor
+
+
+def test_a_stage_is_never_below_its_floor_on_the_busiest_sm():
+    """133 tiles on 132 SMs: one SM runs two tiles' arithmetic at its share of the peak."""
+    st = latency.Stage(133, 256, 1, 10**10)
+    t = latency.stage_time(H200, latency.FITTED, st, 264)
+    per_sm = H200.fp32_flops / H200.sms
+    assert t.floor == pytest.approx(2 * 10**10 / 133 / per_sm)
+    assert t.seconds >= t.floor
+
+
+def test_a_stitched_kernel_floor_is_its_stages_in_sequence():
+    a = latency.Stage(132, 256, 0, 10**9)
+    b = latency.Stage(132, 256, 0, 3 * 10**9, tensor_core=True)
+    k = latency.Kernel("s", 132, 256, 32, 0, (a, b), grid_syncs=1)
+    t = latency.kernel_time(H200, latency.FITTED, k)
+    assert t.floor_by == "stages"
+    assert t.floor == pytest.approx(sum(s.floor for s in t.stages))
+    assert t.seconds >= t.floor
+
+
+def test_report_rows_carry_counts_and_floors():
+    rows = [{"name": "k", "grid": [208], "block": [512], "registers": 40, "shared_bytes": 8192, "launches": 22,
+             "bytes": 3_350_000, "flops": 2 * 196 * 512 * 1024,
+             "block_counts": {"threads": 512, "shared_wavefronts": 16384, "k_steps": 64, "pipelined_steps": 0,
+                              "barriers": 128}}]
+    (k,) = latency.kernels_from_rows(rows)
+    t = latency.kernel_time(H200, latency.FITTED, k)
+    assert k.counts.k_steps == 64 and t.floor_by == "shared"
+    assert t.floor == pytest.approx(2 * 16384 / 1.98e9) and t.seconds >= t.floor
+    assert math.isfinite(t.seconds)
+
+
+
+@needs_nvcc
+def test_small_resnext_at_the_default_level_holds_every_kernel_to_its_floor():
+    """Built with ptxas: every kernel carries its block counts and floor, none is predicted below
+    it, and at least one floor binds (the fitted terms alone would put that kernel below it)."""
+    r = compile_model("resnext", "cuda", "souffle", small=True).report
+    assert_floors_hold(r)
+    bound = [k for k in r.kernels if k.predicted_us == k.floor_us]
+    assert bound, [(k.name, k.predicted_us, k.floor_us) for k in r.kernels]
+    assert any(k.block_counts["k_steps"] for k in r.kernels)
