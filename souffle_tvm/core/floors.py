@@ -14,8 +14,9 @@ taken at its most optimistic, so that a prediction below it is wrong, not merely
   access, every lane reading the same address);
 * **K-step chain:** a serial loop step that loads from global memory into shared memory and then
   waits at a block barrier cannot end before that load returns (``LOAD_LATENCY_CYCLES``, an L2
-  hit); a software-pipelined step still waits at its barrier (``BARRIER_CYCLES``). Blocks that
-  are not resident together run these chains one wave after another.
+  hit); a software-pipelined step still waits at its barrier (``BARRIER_CYCLES``); the block's
+  own shared-memory reads come between those waits. Blocks that are not resident together run
+  these chains one wave after another.
 
 A stitched kernel's stages run one after another (grid syncs between them): its floor is the
 sum of its stages' floors, and at least the floors of what its blocks execute in all.
@@ -82,11 +83,19 @@ def stage_floors(gpu: GPU, tiles: int, nbytes: int, flops: int, tensor_core: boo
 
 
 def block_floors(gpu: GPU, grid: int, slots: int, counts: BlockCounts) -> dict[str, float]:
-    """Seconds, by name, of the floors of what a kernel's blocks execute (``counts``: one block's)."""
+    """Seconds, by name, of the floors of what a kernel's blocks execute (``counts``: one block's).
+
+    ``k_chain``: a block whose steps end at barriers does its own shared-memory work between
+    them, after each unpipelined step's load has returned (the next step's load is issued only
+    after the barrier that ends this step's reads): alone on its SM it takes at least its steps'
+    latencies plus its wavefronts at one per clock, and blocks that are not resident together
+    run one wave after another."""
     if grid <= 0:
         return {}
     waves = math.ceil(grid / max(slots, 1))
-    chain = counts.k_steps * LOAD_LATENCY_CYCLES + counts.pipelined_steps * BARRIER_CYCLES
+    stepped = counts.k_steps + counts.pipelined_steps
+    chain = counts.k_steps * LOAD_LATENCY_CYCLES + counts.pipelined_steps * BARRIER_CYCLES \
+        + (counts.shared_wavefronts if stepped else 0.0)
     return {"shared": math.ceil(grid / gpu.sms) * counts.shared_wavefronts / gpu.clock_hz,
             "k_chain": waves * chain / gpu.clock_hz}
 
