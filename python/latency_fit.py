@@ -97,6 +97,24 @@ def error(pred: float, meas: float) -> float:
     return pred / meas - 1.0
 
 
+# What issue 32 asks of the model on the measured totals (tests/test_latency_accuracy.py).
+MEDIAN_BOUND = 0.25        # median |predicted / measured - 1|
+SIGNS_BOUND = 34           # souffle-vs-TVM pairs (of 38) whose order the model gets right
+
+
+def accuracy(gpu, consts: latency.Constants, points: list[dict]) -> dict:
+    """The model with ``consts`` on measured ``points``: the median |error|, and how many
+    souffle-vs-TVM pairs (same run, model, size and graph mode) it orders as measured."""
+    pred = {(p["run"], p["model"], p["size"], p["graphs"], p["fusion"]): (p["measured_ms"], predict_ms(gpu, consts, p))
+            for p in points}
+    errs = [abs(error(pr, meas)) for meas, pr in pred.values()]
+    pairs = [((meas / pred[k[:4] + ("tvm",)][0]) > 1) == ((pr / pred[k[:4] + ("tvm",)][1]) > 1)
+             for k, (meas, pr) in pred.items() if k[4] == "souffle" and k[:4] + ("tvm",) in pred]
+    median = statistics.median(errs)
+    return {"median_abs_error": median, "signs_right": sum(pairs), "pairs": len(pairs),
+            "within": median <= MEDIAN_BOUND and sum(pairs) >= SIGNS_BOUND}
+
+
 def validate(gpu, points: list[dict]) -> dict:
     consts = fit(gpu, points)
     models = sorted({p["model"] for p in points})

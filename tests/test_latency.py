@@ -2,7 +2,6 @@
 committed fit, and TVM's CUDA-graph rewriting as the report counts it."""
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -120,7 +119,9 @@ def test_fitted_constants_are_the_committed_fit():
     # the constants the fit held fixed are the model's
     for name, value in fit["fixed"].items():
         assert getattr(latency.FITTED, name) == value, name
-    assert math.isfinite(fit["lomo_median_abs_error"])
+    # the committed fit's leave-one-model-out median within issue 32's bound (the order of
+    # souffle vs TVM is not: tests/test_latency_accuracy.py)
+    assert fit["lomo_median_abs_error"] <= 0.25
 
 
 def test_cuda_graph_rewriting_is_counted():

@@ -1,0 +1,59 @@
+"""The latency model against what a GPU measured (results/gpu, replayed by python/latency_fit.py):
+the bounds issue 32 sets, checked so that they can fail."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from souffle_tvm.core import hardware, latency
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+import latency_fit  # noqa: E402
+
+H200 = hardware.for_arch("sm_90")
+
+
+@pytest.fixture(scope="module")
+def points():
+    pts, _skipped = latency_fit.load_points()
+    assert len(pts) == 78
+    return pts
+
+
+def test_the_fitted_model_is_within_the_median_bound(points):
+    got = latency_fit.accuracy(H200, latency.FITTED, points)
+    assert got["median_abs_error"] <= latency_fit.MEDIAN_BOUND, got
+    assert got["pairs"] == 38
+
+
+@pytest.mark.xfail(strict=True, reason="the fitted model orders 31 of 38 souffle-vs-TVM pairs as measured (BERT "
+                                       "full and small ResNeXt/LSTM wrong, docs/latency-model.md); the bound is 34")
+def test_the_fitted_model_orders_souffle_and_tvm_as_measured(points):
+    got = latency_fit.accuracy(H200, latency.FITTED, points)
+    assert got["signs_right"] >= latency_fit.SIGNS_BOUND, got
+
+
+@pytest.mark.parametrize("name,factor", [("warp_gbps", 0.5), ("latency_us", 2.0)])
+def test_perturbed_constants_break_the_median_bound(points, name, factor):
+    """The bound the fit meets is not vacuous: a fitted constant moved by a plausible factor
+    fails it (54% and 31% median error)."""
+    bad = dataclasses.replace(latency.FITTED, **{name: getattr(latency.FITTED, name) * factor})
+    got = latency_fit.accuracy(H200, bad, points)
+    assert got["median_abs_error"] > latency_fit.MEDIAN_BOUND and not got["within"], got
+
+
+def test_a_dearer_grid_sync_orders_fewer_pairs_right(points):
+    """The order count responds to the constants: a grid sync priced 4x the fit gets 25 of 38."""
+    fitted = latency_fit.accuracy(H200, latency.FITTED, points)
+    bad = latency_fit.accuracy(H200, dataclasses.replace(latency.FITTED, sync_us=4 * latency.FITTED.sync_us), points)
+    assert bad["signs_right"] < fitted["signs_right"], (bad, fitted)
+
+
+@pytest.mark.slow
+def test_leave_one_model_out_median_is_within_the_bound(points):
+    """Refit without each model and predict it (4 minutes on 2 cores)."""
+    v = latency_fit.validate(H200, points)
+    assert v["lomo_median_abs_error"] <= latency_fit.MEDIAN_BOUND, v["lomo_median_abs_error"]
