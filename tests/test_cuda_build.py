@@ -21,6 +21,7 @@ def test_small_model_cuda_build_compiles_with_nvcc(name, arch):
         assert all(g >= 1 for g in k.grid) and 1 <= k.block[0] * k.block[1] * k.block[2] <= 1024
     assert r.launches >= r.distinct_kernels
     assert_floors_hold(r)
+    assert all(k.form == "dlight" and k.measured_form for k in r.kernels)   # TVM's own kernels ran in totals
 
 
 # Swin's stitched build runs several ptxas feedback rounds (~100 s on 2 cores): `slow`, to keep

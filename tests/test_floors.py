@@ -7,7 +7,8 @@ import pytest
 from tvm.script import tirx as T
 
 from conftest import assert_floors_hold, needs_nvcc
-from souffle_tvm.core import floors, hardware, latency, tir_counts
+from souffle_tvm.codegen import schedule
+from souffle_tvm.core import floors, hardware, latency, measured, tir_counts
 from souffle_tvm.pipeline.driver import compile as compile_model
 
 H200 = hardware.for_arch("sm_90")
@@ -146,3 +147,21 @@ def test_small_resnext_at_the_default_level_holds_every_kernel_to_its_floor():
     bound = [k for k in r.kernels if k.predicted_us == k.floor_us]
     assert bound, [(k.name, k.predicted_us, k.floor_us) for k in r.kernels]
     assert any(k.block_counts["k_steps"] for k in r.kernels)
+    # every kernel names its schedule form and whether a GPU ever ran it; the table and the
+    # predicted time say what rests on forms no GPU has run
+    assert all(k.form and k.measured_form is (k.form in measured.TIMED_IN_TOTALS) for k in r.kernels)
+    untimed = [k for k in r.kernels if not k.measured_form]
+    assert any(k.form.startswith("StitchedMatmul@") for k in untimed)
+    assert 0 < r.latency["untimed_share"] < 1
+    table = r.table()
+    assert f"{untimed[0].name}*" in table and "schedule forms no GPU has run" in table
+
+
+def test_forms_and_what_a_gpu_has_run():
+    assert schedule.form_of("Matmul", None) == "dlight Matmul"
+    assert schedule.form_of("Matmul", 512) == "StitchedMatmul@512"
+    assert schedule.form_of("GeneralReduction", 256) == "RowReduction@256"
+    assert measured.timed_in_a_total("dlight") and measured.timed_in_a_total("Fallback@256")
+    assert not measured.timed_in_a_total("SerialReduction@256")
+    assert not measured.timed_in_a_total("Fallback@256 + TensorCoreMatmul@256")
+    assert not measured.timed_in_a_total(None)

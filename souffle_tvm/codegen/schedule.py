@@ -88,6 +88,15 @@ def rule_name(rule: dl.ScheduleRule) -> str:
 REPORTED_AS = {"StitchedMatmul": "Matmul", "RowReduction": "GeneralReduction"}
 
 
+def form_of(rule: str, block_size: int | None) -> str:
+    """A schedule's form, what the latency model's measurements are kept by: the rule's own
+    class and the block size (``dlight <rule>`` where dlight's rules chose their own)."""
+    if block_size is None:
+        return f"dlight {rule}"
+    own = {v: k for k, v in REPORTED_AS.items()}.get(rule, rule)
+    return f"{own}@{block_size}"
+
+
 def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:
     """Names of the reduction blocks whose init reads a buffer: an epilogue inlined into the
     reduction, which then applies it twice (once in the init, once per update).

@@ -13,6 +13,7 @@ K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every P
 GEMM_TILE_ATTR = "souffle.gemm_tile"  # on a stitched GEMM stage's schedule: its output tile (rows, columns)
 SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
+FORM_ATTR = "souffle.form"            # on scheduled group PrimFuncs: its schedule form, "<rule>@<threads>"
 STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count
 STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
 FUSED = "souffle.fused_stages"            # on a loop running several stages per virtual block (``stitch.channel``)

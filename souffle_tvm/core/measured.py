@@ -54,3 +54,19 @@ class MeasuredTimes:
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(p, json.dumps({"kernels": self.entries}, indent=1, sort_keys=True))
         return p
+
+
+# Schedule forms (``codegen.schedule.form_of``) that ran on a GPU inside a measured whole-model
+# total (results/gpu runs 1-3, built at 8580722 and 44fa44f): TVM's own kernels (dlight's rules
+# at their own block sizes) and the stitched stages of that time, all at 256 threads (dlight's
+# GeneralReduction and Fallback; its Matmul at a 16 x 16 thread grid, which today's
+# StitchedMatmul@256 is only where it keeps dlight's micro tile, so it is not counted). No form
+# has a per-kernel time yet: every kernel's prediction is at best checked through a total.
+TIMED_IN_TOTALS = frozenset({"dlight", "dlight Matmul", "dlight GEMV", "dlight Reduction", "dlight GeneralReduction",
+                             "dlight Fallback", "GeneralReduction@256", "Fallback@256"})
+
+
+def timed_in_a_total(form: str | None) -> bool:
+    """Whether kernels of ``form`` ran on a GPU inside a measured total; a form with several
+    stages ("a + b") only if every one did."""
+    return bool(form) and all(f.strip() in TIMED_IN_TOTALS for f in form.split("+"))

@@ -104,6 +104,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     report.compile_seconds = round(result.seconds, 3)
     report.nvcc["seconds"] = round(nvcc_seconds, 3)
     report.fusion = fusion
+    if souffle is None:
+        assemble.add_forms(report, result.fused)
     if fusion == "souffle":
         report.fallback = fallback
         if souffle is not None:
@@ -111,6 +113,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                                            souffle.subprograms, souffle.stitched, souffle.schedule_notes,
                                            souffle.rule_failures, souffle.unstitched)
             assemble.add_reductions(report, souffle.two_phase)
+            assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
             if database is not None:
                 report.database = database
                 assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)

@@ -27,7 +27,7 @@ from ..core import estimate, hardware, latency, measured, tir_stats
 from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
-from ..core.ir_names import GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
+from ..core.ir_names import FORM_ATTR, GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
 from ..core.structural import ByStructure
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
@@ -82,7 +82,9 @@ class ScheduleCache:
             if self.database is not None:    # say where each schedule came from (the report reads it)
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
                 done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)
-        return done
+        # the form the report checks against what a GPU has timed
+        form = schedule.form_of(done.rule, self.block_size) if done.rule != "database" else f"database@{self.block_size}"
+        return dataclasses.replace(done, func=done.func.with_attr(FORM_ATTR, form))
 
     def _default(self, func) -> schedule.Scheduled:
         return default_schedule(func, self.target, self.block_size, self.gemm_k_tile, self.gemm_tile)

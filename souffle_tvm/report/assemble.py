@@ -14,6 +14,8 @@ from ..build.executable import BuildResult, DeviceKernel
 from ..codegen.database import schedule_source
 from ..core import latency, tir_stats
 from ..core.hardware import for_arch, occupancy
+from ..core.ir_names import FORM_ATTR
+from ..core.measured import timed_in_a_total
 from ..core.targets import describe
 from ..errors import CoresidencyError
 from ..partition.groups import group_edges
@@ -193,6 +195,26 @@ def add_reductions(report: Report, two_phase) -> None:
     GEMM-fed row reduction with why it was kept whole."""
     if two_phase is not None:
         report.reductions = {"split": dict(two_phase.split), "kept": dict(two_phase.kept)}
+
+
+def add_forms(report: Report, mod, unstitched=None, stitched: list = ()) -> None:
+    """Per kernel its schedule form and whether a GPU has ever run that form (``core.measured``):
+    the rule and block size each group PrimFunc was scheduled with (``FORM_ATTR``), a stitched
+    kernel's stages' forms joined; a function without one is TVM's own (dlight's rules)."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    stages = {gv.name_hint: f for gv, f in (unstitched or mod).functions.items() if isinstance(f, tirx.PrimFunc)}
+    ids = {k.function: k.stage_ids for k in stitched}
+
+    def form(func) -> str:
+        attrs = func.attrs if func is not None and func.attrs is not None else {}
+        return str(attrs[FORM_ATTR]) if FORM_ATTR in attrs else "dlight"
+
+    for kr in report.kernels:
+        if kr.primfunc in ids:
+            kr.form = " + ".join(dict.fromkeys(form(stages.get(st.function)) for st in ids[kr.primfunc]))
+        else:
+            kr.form = form(funcs.get(kr.primfunc))
+        kr.measured_form = timed_in_a_total(kr.form)
 
 
 def add_schedule_sources(report: Report, mod, unstitched, stitched: list) -> None:

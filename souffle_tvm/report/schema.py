@@ -99,6 +99,8 @@ class KernelReport:
     predicted_us: float | None = None    # the latency model's time for one launch (an estimate)
     floor_us: float | None = None        # its largest static floor (``core.floors``): predicted_us is never below
     floor_by: str | None = None          # which floor that is
+    form: str | None = None              # its schedule form ("<rule>@<threads>"; a stitched kernel's stages joined by "+")
+    measured_form: bool | None = None    # whether that form ever ran on a GPU (inside a measured total; core/measured.py)
 
 
 @dataclass
@@ -168,7 +170,8 @@ class Report:
         ]
         ranked = sorted(self.kernels, key=lambda k: -k.launches * max(k.bytes, 1))
         for k in ranked[:max_rows]:
-            name = k.name if len(k.name) <= 44 else k.name[:41] + "..."
+            name = k.name if len(k.name) <= 43 else k.name[:40] + "..."
+            name += "*" if k.measured_form is False else ""
             lines.append(
                 f"{name:<44} {k.launches:>5} {dims(k.grid):>13} {dims(k.block):>11} {_opt(k.registers):>4} "
                 f"{_opt(k.shared_bytes):>7} {_opt(k.spill_bytes):>5} {si(k.bytes):>8} {si(k.flops):>8}")
@@ -181,9 +184,14 @@ class Report:
             lines.append(f"\npredicted GPU time on {lat['gpu']} (latency model, an estimate): {lat['ms']:.3f} ms "
                          f"launched one by one, {lat['graph_ms']:.3f} ms under a CUDA graph "
                          f"(kernels alone {lat['gpu_ms']:.3f} ms)")
+            untimed = lat.get("untimed_share") or 0.0
+            if untimed:
+                lines.append(f"  {untimed:.0%} of the kernels' predicted time is in schedule forms no GPU has run "
+                             f"(marked * above): an extrapolation of the model")
             if "tvm_graph_ms" in lat:
+                rests = f", a choice resting {untimed:.0%} on untimed forms" if untimed else ""
                 lines.append(f"TVM's own kernels, built to compare (--level auto): {lat['tvm_graph_ms']:.3f} ms "
-                             f"under a CUDA graph; Souffle's build is kept")
+                             f"under a CUDA graph; Souffle's build is kept{rests}")
             if "tvm_build_failed" in lat:
                 lines.append(f"TVM's own kernels, built to compare (--level auto), failed to build "
                              f"({lat['tvm_build_failed']}); Souffle's build is kept")
