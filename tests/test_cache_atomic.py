@@ -2,10 +2,13 @@
 
 The ptxas cache (``build/ptxas.py``: ``<key>.cubin`` and ``<key>.json`` under
 ``$SOUFFLE_TVM_CACHE/ptxas``) is exercised through the CLI, as users hit it: two compiles at
-once, a compile killed half-way, entries cut or emptied before a compile. The tuning
-database's staging and merge (``codegen/database.py``) is tested on its files.
+once, a compile killed half-way, entries cut or emptied before a compile; and through
+ptxas's own write code with a stand-in nvcc, killed or raced half-way through a cache write
+(core.files' test hook holds the write open). The tuning database's staging and merge
+(``codegen/database.py``) is tested on its files.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -77,6 +81,171 @@ def test_atomic_write_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
     assert path.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["entry.json"]
 
 
+# -- killed and raced inside the write (the hook in core.files holds the window open) -------------
+ARCH = "sm_90"
+FAKE_NVCC = """#!{python}
+# nvcc's stand-in: a cubin and the ptxas lines ptxas.measure parses, tagged by $FAKE_NVCC_TAG
+import os, sys
+tag = int(os.environ["FAKE_NVCC_TAG"])
+with open(sys.argv[sys.argv.index("-o") + 1], "wb") as f:
+    f.write(b"\\x7fELF" + bytes([tag]) * 65536)
+print("ptxas info    : Compiling entry function 'k' for '{arch}'", file=sys.stderr)
+print(f"ptxas info    : Used {{tag}} registers", file=sys.stderr)
+"""
+
+
+def _fake_nvcc(tmp_path: Path) -> Path:
+    """A directory holding a stand-in ``nvcc``: the cache is written by ptxas's own code, in
+    milliseconds, and each writer's entry differs (its tag) so that a mixed one shows."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable, arch=ARCH))
+    nvcc.chmod(0o755)
+    return bin_dir
+
+
+def _cache_env(cache: Path, bin_dir: Path, tag: int, pause: float = 0.0) -> dict:
+    """A writer's environment: this souffle_tvm first on the path (the copy under test), the
+    stand-in nvcc, and the pause inside each cache write."""
+    import souffle_tvm
+
+    env = {**_env(cache), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_NVCC_TAG": str(tag),
+           "PYTHONPATH": os.pathsep.join([str(Path(souffle_tvm.__file__).parent.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    env.pop(files.WRITE_PAUSE, None)
+    return {**env, files.WRITE_PAUSE: str(pause)} if pause else env
+
+
+def _entry(tag: int) -> tuple[bytes, dict]:
+    """What a writer tagged ``tag`` leaves: the cubin's bytes and the figures."""
+    return files.ELF_MAGIC + bytes([tag]) * 65536, {"k": ptxas.KernelResources(tag, 0, 0, 0, 0)}
+
+
+def _write_entry(cache: Path, bin_dir: Path, tag: int, pause: float = 0.0) -> subprocess.Popen:
+    """A process writing the ptxas cache entry of KERNEL the way a compile does (ptxas._compile:
+    the cubin, then the figures, each through core.files)."""
+    code = f"from souffle_tvm.build import ptxas; ptxas._compile({KERNEL!r}, {ARCH!r}, 60); print('done')"
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_cache_env(cache, bin_dir, tag, pause), cwd=cache.parent,
+                            start_new_session=True)
+
+
+def _read(cache: Path) -> tuple[bytes | None, dict | None]:
+    """The entry as a reader takes it: the cubin's bytes, and the figures ptxas would use (a JSON
+    file it cannot use fails the test: its note, a CacheWarning, is an error here)."""
+    key = ptxas.cache_key(KERNEL, ARCH)
+    cubin, figures = cache / "ptxas" / f"{key}.cubin", cache / "ptxas" / f"{key}.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        try:
+            got = ptxas._read_figures(figures)
+        except FileNotFoundError:
+            got = None
+        try:
+            return cubin.read_bytes(), got
+        except FileNotFoundError:
+            return None, got
+
+
+def _mid_write(path: Path, before: bytes | None) -> bool:
+    """A writer of ``path`` is half-way: its temp file has bytes, or (written in place) ``path``
+    no longer holds what it held."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.stat().st_size:
+                return True
+    try:
+        return path.read_bytes() != before
+    except FileNotFoundError:
+        return before is not None
+
+
+@pytest.fixture
+def old_entry(tmp_path, monkeypatch):
+    """A cache holding the entry of writer 1 (written in this process, no pause), and the
+    stand-in nvcc's directory."""
+    cache, bin_dir = tmp_path / "cache", _fake_nvcc(tmp_path)
+    env = _cache_env(cache, bin_dir, 1)
+    for name in ("SOUFFLE_TVM_CACHE", "PATH", "FAKE_NVCC_TAG"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.delenv(files.WRITE_PAUSE, raising=False)
+    ptxas._compile(KERNEL, ARCH, 60)
+    cubin, figures = _entry(1)
+    assert _read(cache) == (cubin, figures)
+    return cache, bin_dir
+
+
+@pytest.mark.parametrize("where", ["cubin", "json"])
+def test_a_writer_killed_inside_the_cache_write_leaves_the_old_entry_or_the_new(old_entry, where):
+    """SIGKILL lands with half of the new cubin (or figures) written: readers see writer 1's
+    entry or writer 2's, whole; at most a temp file is left, which nothing reads."""
+    cache, bin_dir = old_entry
+    pause = 3.0
+    target = cache / "ptxas" / f"{ptxas.cache_key(KERNEL, ARCH)}.{where}"
+    before = target.read_bytes()
+    proc = _write_entry(cache, bin_dir, 2, pause)
+    try:
+        deadline = time.monotonic() + 60
+        while not _mid_write(target, before):
+            assert proc.poll() is None, f"the writer ended before writing {target.name}: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the writer never reached the cache write"
+            time.sleep(0.005)
+        seen = time.monotonic()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+    # killed inside the pause: half written (seen), the rest and the rename still to come
+    assert proc.returncode == -signal.SIGKILL and "done" not in out
+    assert time.monotonic() - seen < pause / 2, "the kill may have missed the write's pause"
+    cubin, figures = _read(cache)
+    assert cubin in (_entry(1)[0], _entry(2)[0]), f"the cubin is neither entry: {len(cubin or b'')} bytes"
+    assert figures in (_entry(1)[1], _entry(2)[1]), figures
+    left = [p.name for p in (cache / "ptxas").iterdir()]
+    assert all(n.endswith((".cubin", ".json")) or (n.startswith(".") and n.endswith(".tmp")) for n in left), left
+    # and a compile after it uses the entry as it is: no note, no rewrite
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert ptxas.measure(KERNEL, ARCH) == figures and ptxas.cubin(KERNEL, ARCH).read_bytes() == cubin
+
+
+def test_writers_racing_inside_the_cache_write_never_show_a_reader_a_part(old_entry):
+    """Three writers (tags 2-4) write the entry at once, each pausing half-way through each file,
+    while this process reads it over and over: every read is one writer's whole cubin and
+    figures, never a part or a mix of two inside one file."""
+    cache, bin_dir = old_entry
+    entries = [_entry(tag) for tag in (1, 2, 3, 4)]
+    cubins, figures = [c for c, _ in entries], [f for _, f in entries]
+    key = ptxas.cache_key(KERNEL, ARCH)
+    targets = [cache / "ptxas" / f"{key}.cubin", cache / "ptxas" / f"{key}.json"]
+    olds = [t.read_bytes() for t in targets]
+    pause, start = 0.5, time.monotonic()
+    procs = [_write_entry(cache, bin_dir, tag, pause) for tag in (2, 3, 4)]
+    reads = mid = 0
+    ended: dict[int, float] = {}
+    try:
+        while len(ended) < len(procs):
+            ended.update({i: time.monotonic() - start for i, p in enumerate(procs)
+                          if i not in ended and p.poll() is not None})
+            during = any(_mid_write(t, old) for t, old in zip(targets, olds))
+            cubin, got = _read(cache)
+            reads, mid = reads + 1, mid + during
+            assert cubin in cubins, f"read {reads}: the cubin is no writer's whole file ({len(cubin or b'')} bytes)"
+            assert got in figures, f"read {reads}: {got}"
+            time.sleep(0.002)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and out.strip() == "done", err[-2000:]
+    # the race was run inside the writes: each writer paused in both (or the hook is gone)
+    assert min(ended.values()) >= 2 * pause and mid >= 10, f"writers took {ended} s; {mid} of {reads} reads mid-write"
+    assert _read(cache)[0] in cubins[1:] and _read(cache)[1] in figures[1:]
+    assert sorted(p.name for p in (cache / "ptxas").iterdir()) == sorted(t.name for t in targets)
+
+
 # -- the ptxas cache ----------------------------------------------------------------------------
 @needs_nvcc
 def test_cut_figures_and_empty_cubin_are_recompiled_with_a_note(tmp_path, monkeypatch):
@@ -118,7 +287,7 @@ def test_two_compiles_at_once_leave_a_cache_a_third_uses_as_is(tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.slow    # a regression guard like the one above
+@pytest.mark.slow    # a regression guard like the one above (it kills nvcc; the kill inside the write is tested above)
 def test_compile_killed_half_way_leaves_nothing_a_later_compile_trips_on(tmp_path):
     cache, tmp = tmp_path / "cache", tmp_path / "tmp"
     tmp.mkdir()

@@ -17,14 +17,14 @@ def test_small_model_matches_onnxruntime_fp32(llvm_builds, name):
 def test_small_model_matches_onnxruntime_fp16(llvm_builds, name):
     compiled = llvm_builds(name, "float16")
     assert compiled.model.inputs[0].dtype == "float16"
-    for c in run_and_compare(compiled, seed=3):
-        assert c.finite and c.rel_l2 < 1e-2, f"{name}:{c.name} rel L2 {c.rel_l2:.2e}"
+    for c in run_and_compare(compiled, seed=3):     # measured rel. L2: bert 2.26e-3, swin 2.39e-3
+        assert c.finite and c.rel_l2 < 5e-3, f"{name}:{c.name} rel L2 {c.rel_l2:.2e}"
 
 
-# fp16 through the Souffle pipeline (issue 20, part 4). Measured (seed 3): bert 2.256e-3, swin
-# 2.389e-3 at v2 (llvm) and at v3 (CUDA kernels emulated); on these small models the outputs are
-# bit-identical to --fusion tvm's (every GEMM here is below the tensor-core rule's size, so no
-# wmma, and no reduction was split in two phases: same arithmetic in the same order).
+# fp16 through the Souffle pipeline (issue 20, part 4). Measured rel. L2 (seed 3): bert 2.256e-3
+# at v2, 2.268e-3 at v3, swin 2.389e-3 at both (v2 on llvm, v3's CUDA kernels emulated); the
+# bound, 5e-3, is about twice that. Except bert at v3, the same figures as --fusion tvm's (every
+# GEMM here is below the tensor-core rule's size, so no wmma).
 FP16_SOUFFLE = [("bert", "v2"), ("bert", "v3"), pytest.param("swin", "v2", marks=pytest.mark.slow),
                 pytest.param("swin", "v3", marks=pytest.mark.slow)]     # swin 31 s, 26-40 s: bert's by default
 
@@ -43,14 +43,14 @@ def test_small_model_souffle_fp16_matches_onnxruntime(name, level):
     else:
         cmps = run_and_compare(c, seed=3)
     for cmp in cmps:
-        assert cmp.finite and cmp.rel_l2 < 1e-2, f"{name} {level}:{cmp.name} rel L2 {cmp.rel_l2:.2e}"
+        assert cmp.finite and cmp.rel_l2 < 5e-3, f"{name} {level}:{cmp.name} rel L2 {cmp.rel_l2:.2e}"
 
 
 @pytest.mark.slow      # ~40 s (compile 14 s, emulation 24 s)
 def test_fp16_bert_layer_on_tensor_cores_stitched_and_emulated():
     """The small zoo models' GEMMs are too small for tensor cores (every extent must exceed 64):
     a BERT layer at seq 128, hidden 128, ffn 256 stitches its linear layers on wmma, and the
-    emulated kernel matches onnxruntime (measured rel. L2 2.0e-3, fp16 accumulation)."""
+    emulated kernel matches onnxruntime (measured rel. L2 1.98e-3, fp16 accumulation)."""
     from souffle_tvm.zoo import bert
 
     model = bert.build(bert.BertConfig(layers=1, seq=128, hidden=128, heads=2, ffn=256), dtype="float16")
@@ -59,4 +59,4 @@ def test_fp16_bert_layer_on_tensor_cores_stitched_and_emulated():
     (k,) = c.report.kernels
     assert k.cooperative and k.tensor_core and "wmma::mma_sync" in c.cuda_source
     for cmp in emulated_comparisons(c.model, c.model.mod, c.model.params, seed=3):
-        assert cmp.finite and cmp.rel_l2 < 1e-2, cmp
+        assert cmp.finite and cmp.rel_l2 < 4e-3, cmp

@@ -104,7 +104,7 @@ def test_gemm_epilogue_with_two_outputs_builds_for_cuda_and_matches(rows, dtype)
     outs = [tvm.runtime.tensor(np.zeros((n, 32), dtype)) for n in (rows - 3, 3)]
     ex.mod["main"](*(tvm.runtime.tensor(a) for a in (x, w, b)), *outs)
     want = x.astype(np.float64) @ w.astype(np.float64) + b
-    tol = 2e-2 if dtype == "float16" else 1e-5
+    tol = 2e-2 if dtype == "float16" else 1e-5       # fp16: measured max |err| / (1 + |want|) 9.8e-3
     np.testing.assert_allclose(np.concatenate([o.numpy() for o in outs]), want, rtol=tol, atol=tol)
 
 
@@ -155,4 +155,4 @@ def test_gemm_then_roll_slices_builds_at_v0_v1_for_cuda(level):
         env[binding.var] = out.numpy()
     _, ref = runner.reference_outputs(c.model.onnx_model, feeds)
     for cmp in runner.compare(c.model.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-2, cmp
+        assert cmp.finite and cmp.rel_l2 < 2e-3, cmp      # measured 9.3e-4 (both slices, v0 and v1)

@@ -102,19 +102,19 @@ def test_tensor_core_rule_applies_as_a_dlight_rule(gemm32):
 def test_tensor_core_gemm_emulated_fp32_accumulator(gemm32):
     func, arrays, ref = gemm32
     assert _mma_calls(lower.launch_form(func, CUDA, "k")) > 0
-    assert _rel_l2(_emulated(func, arrays, ref.shape), ref) < 2e-3      # measured 2.1e-4 (fp16 output)
+    assert _rel_l2(_emulated(func, arrays, ref.shape), ref) < 5e-4      # measured 2.06e-4 (fp16 output)
 
 
 def test_tensor_core_gemm_emulated_fp16_accumulator():
     func, arrays, ref = _gemm("float16")
     got = _emulated(_scheduled(func), arrays, ref.shape)
-    assert _rel_l2(got, ref) < 5e-3                                     # measured 1.7e-3 (fp16 sums)
-    # the model accumulates in fp16, k in order: numpy doing the same agrees (measured: exactly)
+    assert _rel_l2(got, ref) < 4e-3                                     # measured 1.69e-3 (fp16 sums)
+    # the model accumulates in fp16, k in order: numpy doing the same agrees bit for bit (measured)
     a, w = arrays
     seq = np.zeros(ref.shape, np.float16)
     for k in range(a.shape[1]):
         seq = (seq + a[:, k:k + 1] * w[k:k + 1, :]).astype(np.float16)
-    assert _rel_l2(got, seq.astype(np.float32)) < 1e-4
+    assert np.array_equal(got, seq.astype(np.float32)), _rel_l2(got, seq.astype(np.float32))
 
 
 @pytest.mark.parametrize("case", ["bias_relu", "batched_transposed"])
@@ -123,7 +123,7 @@ def test_tensor_core_gemm_emulated_with_epilogue_and_batch(case):
         func, arrays, ref = _gemm("float32", bias=True)
     else:   # attention's Q @ K^T: (batch, M, K) x (batch, N, K)
         func, arrays, ref = _gemm("float32", batch=2, trans_b=True, N=128)
-    assert _rel_l2(_emulated(_scheduled(func), arrays, ref.shape), ref) < 2e-3   # measured 2.1e-4 / 2.1e-4
+    assert _rel_l2(_emulated(_scheduled(func), arrays, ref.shape), ref) < 5e-4   # measured 2.08e-4 / 2.07e-4
 
 
 def _plant(func, pick, change, every=False):
@@ -164,7 +164,7 @@ def test_a_planted_wmma_fault_is_caught(gemm32, fault):
                      lambda ev: tirx.Evaluate(tirx.const(0, "int32")))
     err = _rel_l2(_emulated(low, arrays, ref.shape), ref)
     if fault == "none":
-        assert err < 2e-3
+        assert err < 5e-4                                               # measured 2.06e-4
     else:
         assert err > 1e-2, err                                          # measured 1.4 / 0.61
 
@@ -205,7 +205,7 @@ def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
     outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
     for cmp in runner.compare(m.outputs, outs, ref):
-        assert cmp.finite and cmp.rel_l2 < 1e-2, cmp                    # measured 2.4e-3 (fp16 sums)
+        assert cmp.finite and cmp.rel_l2 < 5e-3, cmp                    # measured 2.41e-3 (fp16 sums)
 
 
 # -- the tile sized to the grid (issue 17, item 4) ---------------------------------------------
@@ -243,4 +243,4 @@ def test_every_tile_shape_is_emulated_right_on_a_ragged_gemm(tile):
         out = TensorCoreMatmul(tile).apply(func, CUDA, False).mod["main"].with_attr("tirx.is_scheduled", True)
     assert [int(e) for e in out.attrs[GEMM_TILE_ATTR]] == [tile.rows, tile.cols]
     assert block_count(out) == -(-100 // tile.rows) * -(-200 // tile.cols)
-    assert _rel_l2(_emulated(out, arrays, ref.shape), ref) < 2e-3
+    assert _rel_l2(_emulated(out, arrays, ref.shape), ref) < 5e-4      # measured 2.08e-4 in each

@@ -321,7 +321,7 @@ def test_fp16_partials_are_block_local_to_the_tensor_core_gemm(fp16_stitched):
 
 def test_fp16_two_phase_kernel_emulated_matches_without_a_race(fp16_stitched):
     """Both forms through the race-checking emulator, blocks ascending and descending, against
-    onnxruntime (measured: rel. L2 1.7e-3 in both forms and orders; fp16 GEMM)."""
+    onnxruntime (measured: rel. L2 1.74e-3 in both forms and orders; fp16 GEMM)."""
     from souffle_tvm.runtime import races
 
     _, m, s = fp16_stitched
@@ -332,7 +332,7 @@ def test_fp16_two_phase_kernel_emulated_matches_without_a_race(fp16_stitched):
         outs, report = emu.run(runner.check_feeds(m.inputs, feeds), s.params, order)
         assert report.ok, str(report)
         for cmp in runner.compare(m.outputs, outs, ref):
-            assert cmp.finite and cmp.rel_l2 < 1e-2, (order, cmp)
+            assert cmp.finite and cmp.rel_l2 < 4e-3, (order, cmp)
 
 
 # -- the latency model's verdict ------------------------------------------------------------------

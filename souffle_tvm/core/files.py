@@ -7,6 +7,12 @@ file beside it, which no reader opens. Not fsync'ed: a power loss can still leav
 or short file, which the readers check for (``is_elf``, JSON that does not parse) and
 recompute, with a note, instead of failing.
 
+Test hook: with ``SOUFFLE_TVM_CACHE_WRITE_PAUSE=<seconds>`` in the environment (read at each
+write), ``atomic_write`` and ``atomic_copy`` write half of the entry to the temp file, flush
+it, sleep that long, then write the rest and rename: the window between writing and renaming,
+held open so that tests/test_cache_atomic.py can kill a writer, or race others, inside it.
+Unset (the default), it costs one environment look-up per write.
+
 Standard library only (the standalone GPU runtime uses it without TVM).
 """
 
@@ -16,25 +22,45 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
 from ..errors import CacheWarning
 
 ELF_MAGIC = b"\x7fELF"
+WRITE_PAUSE = "SOUFFLE_TVM_CACHE_WRITE_PAUSE"
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
     return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
 
 
+def _write_pause() -> float:
+    return float(os.environ.get(WRITE_PAUSE) or 0)
+
+
+def _write_paused(f, data: bytes, pause: float) -> None:
+    """The test hook: half of ``data``, flushed (a reader could see it), the pause, the rest."""
+    half = len(data) // 2
+    f.write(data[:half])
+    f.flush()
+    time.sleep(pause)
+    f.write(data[half:])
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
     """Write ``data`` to ``path`` so that no reader ever sees a partial file."""
     path = Path(path)
+    data = data.encode() if isinstance(data, str) else data
+    pause = _write_pause()
     fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            if pause:
+                _write_paused(f, data, pause)
+            else:
+                f.write(data)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -45,10 +71,15 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
 def atomic_copy(src: str | os.PathLike, path: str | os.PathLike) -> None:
     """Copy ``src`` to ``path`` (any file system) so that no reader ever sees a partial file."""
     path = Path(path)
+    pause = _write_pause()
     fd, tmp = _temp_beside(path)
-    os.close(fd)
     try:
-        shutil.copyfile(src, tmp)
+        if pause:
+            with os.fdopen(fd, "wb") as f:
+                _write_paused(f, Path(src).read_bytes(), pause)
+        else:
+            os.close(fd)
+            shutil.copyfile(src, tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -68,4 +99,3 @@ def is_elf(path: str | os.PathLike) -> bool:
 def note_recomputed(path: str | os.PathLike, why: str, action: str = "recomputing it") -> None:
     """Say, in one line, that a cache entry could not be used and what happens instead."""
     warnings.warn(f"cache entry {path} is unusable ({why}): {action}", CacheWarning, stacklevel=3)
-
