@@ -75,6 +75,17 @@ class GroupFuncs:
         return func, list(externals)
 
 
+def _same_indices(a: list, b: list) -> bool:
+    """Whether two index lists are the same expressions. An index that loads a tensor (a Gather's
+    data-dependent index) holds a TE producer, which TVM's structural equality refuses: those
+    are compared as text. Merging two patterns by mistake only shares one parameter between
+    two reads of the same tensor; it never changes what is read."""
+    try:
+        return tvm_ffi.structural_equal(list(a), list(b))
+    except TypeError:
+        return len(a) == len(b) and all(str(x) == str(y) for x, y in zip(a, b))
+
+
 def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
     """0, or in a reduction (``patterns`` not None) the number of the distinct index pattern
     ``tensor`` is read at."""
@@ -82,7 +93,7 @@ def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
         return 0
     seen = patterns.setdefault((tensor.op, tensor.value_index), [])
     for i, other in enumerate(seen):
-        if tvm_ffi.structural_equal(list(other), list(idx)):
+        if _same_indices(other, idx):
             return i
     seen.append(list(idx))
     return len(seen) - 1
