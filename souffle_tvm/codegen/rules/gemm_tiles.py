@@ -14,7 +14,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
-from ...core import hardware, latency, tir_stats
+from ...core import floors, hardware, latency, tir_stats
 from ...core.geometry import STITCH_BLOCK, STITCH_BLOCKS_PER_SM
 
 
@@ -82,15 +82,36 @@ class ContractionWork:
         return cls(flops, nbytes, written, tir_stats.stored_element_bytes(func))
 
 
+@dataclass(frozen=True)
+class SimtTile:
+    """A SIMT GEMM tile's inner loop, for the static floors: each thread computes ``micro x
+    micro`` outputs over ``k`` terms in K steps of ``k_tile``, reading ``micro`` elements of each
+    operand from shared memory per term."""
+    micro: int
+    k_tile: int
+    k: int
+
+    def shared_wavefronts(self, threads: int, elem_bytes: int) -> float:
+        """Per tile, at least (``core.floors``: 16 bytes a lane per wavefront)."""
+        return math.ceil(threads / 32) * self.k * 2 * self.micro * elem_bytes / floors.WIDEST_LANE_ACCESS
+
+    def k_steps(self) -> int:
+        return math.ceil(self.k / self.k_tile)
+
+
 def stitched_seconds(work: ContractionWork, tiles: int, threads: int, tensor_core: bool,
-                     target: tvm.target.Target, slots: int | None = None, padding: float = 1.0) -> float:
+                     target: tvm.target.Target, slots: int | None = None, padding: float = 1.0,
+                     simt: SimtTile | None = None) -> float:
     """The latency model's time for ``work`` in ``tiles`` blocks of ``threads`` on ``slots``
     resident blocks (default: a stitched kernel's, ``STITCH_BLOCKS_PER_SM`` blocks of
     ``STITCH_BLOCK`` threads per SM, as many threads in blocks of ``threads``; grid-stride, so
     extra waves restart tiles). ``padding``: the computed over the true output area, where
-    tiles past the GEMM's edge compute padding (an estimate)."""
+    tiles past the GEMM's edge compute padding (an estimate). ``simt``: the SIMT tile's inner
+    loop, whose shared-memory and K-step floors the time is then never below."""
     gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
+    extra = {"shared_wavefronts": simt.shared_wavefronts(threads, work.elem_bytes), "k_steps": simt.k_steps()} \
+        if simt else {}
     stage = latency.Stage(tiles, threads, work.bytes, math.ceil(work.flops * padding), tensor_core, work.written,
-                          work.elem_bytes)
+                          work.elem_bytes, **extra)
     per_sm = max(1, STITCH_BLOCKS_PER_SM * STITCH_BLOCK // threads)
     return latency.stage_time(gpu, latency.FITTED, stage, slots or gpu.sms * per_sm, persistent=True).seconds

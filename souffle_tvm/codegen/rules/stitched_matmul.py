@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
@@ -12,7 +14,7 @@ from ...core.geometry import (MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL
                               STITCH_BLOCK)
 from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
-from .gemm_tiles import ContractionWork, block_count, contraction_extents, stitched_seconds, tile_count
+from .gemm_tiles import ContractionWork, SimtTile, block_count, contraction_extents, stitched_seconds, tile_count
 
 
 class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
@@ -71,7 +73,8 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
             counts = {m: tile_count(extents, *self.tile(m)) for m in MATMUL_MICROS}
             # The tile count of each side is known before scheduling: schedule only the winner,
             # and search as below if its schedule has another count than predicted.
-            seconds = {m: stitched_seconds(work, counts[m], self.threads, False, target, self.slots)
+            seconds = {m: stitched_seconds(work, counts[m], self.threads, False, target, self.slots,
+                                           simt=self._simt(work, extents, m))
                        for m in MATMUL_MICROS}
             micro = min(MATMUL_MICROS, key=lambda m: (seconds[m], MATMUL_MICROS.index(m)))
             sch = self._apply(func, target, micro)
@@ -93,8 +96,15 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
         """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles on
         the resident blocks of a stitched kernel (an estimate; grid-stride, so extra waves
         restart tiles)."""
-        return stitched_seconds(ContractionWork.of(func), block_count(scheduled), self.threads, False, target,
-                                self.slots)
+        work = ContractionWork.of(func)
+        extents = contraction_extents(func)
+        return stitched_seconds(work, block_count(scheduled), self.threads, False, target, self.slots,
+                                simt=self._simt(work, extents, self._micro) if extents else None)
+
+    def _simt(self, work: ContractionWork, extents: tuple[int, ...], micro: int) -> SimtTile:
+        """The tile's inner loop: K from the contraction's flops over its outputs."""
+        k = max(work.flops // max(2 * math.prod(extents), 1), 1)
+        return SimtTile(micro, self.k_tile, k)
 
     def _apply(self, func, target, micro: int):
         self._micro = micro
