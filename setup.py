@@ -36,6 +36,8 @@ setup(
                  # exporters; the CPU wheel of torch, never a core dependency.
                  "torch==2.13.0", "onnxscript==0.7.2"],
         "bench": ["onnxruntime==1.32.0", "matplotlib==3.11.2"],
+        # Mutation testing of the barrier proof and the race checker (results/mutation-2026-12-03/)
+        "dev": ["mutmut==2.5.1"],
     },
     entry_points={"console_scripts": ["souffle-tvm=souffle_tvm.cli:main"]},
 )
