@@ -78,12 +78,12 @@ class GroupFuncs:
 def _same_indices(a: list, b: list) -> bool:
     """Whether two index lists are the same expressions. An index that loads a tensor (a Gather's
     data-dependent index) holds a TE producer, which TVM's structural equality refuses: those
-    are compared as text. Merging two patterns by mistake only shares one parameter between
-    two reads of the same tensor; it never changes what is read."""
+    are the same only as the same objects. Two patterns kept apart by mistake only give two
+    parameters to one tensor's reads; it never changes what is read."""
     try:
         return tvm_ffi.structural_equal(list(a), list(b))
     except TypeError:
-        return len(a) == len(b) and all(str(x) == str(y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b))
 
 
 def _operand(patterns: dict | None, tensor: te.Tensor, idx: list) -> int:
