@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all bench gpu-bundle lint clean
+.PHONY: install test test-all bench gpu-bundle microbench-bundle lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ bench: $(PY)
 # The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with python/gpu_check.py run
 gpu-bundle: $(PY)
 	$(PY) python/gpu_check.py prepare
+
+# Per-kernel microbenchmarks (issue 32): microbench_bundle/ + .tgz and the committed predictions
+# results/latency/microbench-predictions-<date>.json (docs/gpu-check.md)
+microbench-bundle: $(PY)
+	$(PY) python/microbench.py prepare --out microbench_bundle
 
 lint: $(PY)
 	$(PY) -m pyflakes souffle_tvm tests python

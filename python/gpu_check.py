@@ -662,7 +662,7 @@ def _run_case(bundle: Path, case: dict, zoo_cache: _Zoo, deadline: Deadline, arg
         r["timing"] = "skipped: out of time"
         return r
     r.update(_time(once, torch, tvm_ffi, args))
-    r.update(_trace(once, torch))
+    r.update(_trace(once, torch, getattr(args, "trace_reps", 1)))
     return r
 
 
@@ -709,12 +709,17 @@ def _events(fn, reps: int, torch) -> tuple[float, float]:
     return round(float(np.median(ms)), 4), round(ms[0], 4)
 
 
-def _trace(once, torch) -> dict:
+def _trace(once, torch, reps: int = 1) -> dict:
+    """One inference's kernels from the profiler's trace; with ``reps`` > 1 (``microbench.py``)
+    that many inferences are traced: ``kernel_names`` and ``kernel_ms`` then sum over all of them
+    (their ratio, what ``record`` takes, is the mean per launch), ``kernels_traced`` and
+    ``kernel_busy_ms`` are per inference."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            once()
+            for _ in range(reps):
+                once()
             torch.cuda.synchronize()
         events = [e for e in prof.events() if e.device_type.name == "CUDA"
                   and not e.name.lower().startswith(("memcpy", "memset"))]
@@ -725,8 +730,9 @@ def _trace(once, torch) -> dict:
         for e in events:
             busy[e.name] += float(e.time_range.elapsed_us())
         top = sorted(busy.items(), key=lambda kv: -kv[1])
-        return {"kernels_traced": len(names), "distinct_traced": len(set(names)),
-                "kernel_busy_ms": round(sum(busy.values()) / 1e3, 4),
+        return {"kernels_traced": len(names) // reps, "distinct_traced": len(set(names)),
+                "kernel_busy_ms": round(sum(busy.values()) / 1e3 / reps, 4),
+                **({"trace_reps": reps} if reps > 1 else {}),
                 "kernel_names": dict(Counter(names).most_common()),
                 "kernel_ms": {k: round(v / 1e3, 4) for k, v in top}}
     except Exception as err:
