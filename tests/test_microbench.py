@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_nvcc
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -20,10 +22,7 @@ KERNEL_FIELDS = ("name", "key", "form", "grid", "block", "predicted_us", "floor_
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from souffle_tvm.build import ptxas
-
-    if ptxas.nvcc_path() is None:
-        pytest.skip("nvcc is needed for the cubins")
+    require_nvcc()          # the cubins need it; nvcc is part of the set-up (conftest)
     out = tmp_path_factory.mktemp("mb") / "microbench_bundle"
     pred = out.parent / "predictions.json"
     saved = mb.SYNC_COUNTS, mb.SYNC_BLOCKS_PER_SM
