@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all bench gpu-bundle microbench-bundle lint clean
+.PHONY: install test test-all bench bench-plausibility gpu-bundle microbench-bundle lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ test-all: $(PY)
 bench: $(PY)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) python/bench.py
+
+# Re-pricing (latency model before/after, per model and kernel class) and the fraction-of-peak check
+# of a bench run: plausibility.md and .png beside its bench.json (make bench writes them too).
+# BENCH=results/bench-<date>/bench.json; default the last one by name
+BENCH ?= $(lastword $(sort $(wildcard results/bench-*/bench.json)))
+bench-plausibility: $(PY)
+	$(PY) python/bench_plausibility.py $(BENCH)
 
 # The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with python/gpu_check.py run
 gpu-bundle: $(PY)

@@ -15,7 +15,9 @@ and PNG plots beside it (``python/bench_plots.py``):
    the V3 CPU twin (the same transforms without stitching) over repeated runs in one process,
    and onnxruntime's on the same ONNX model (the ``bench`` extra). Only ratios between these
    columns are claims; they are CPU figures, not the GPU's.
-3. Outputs: JSON (date, TVM version, target, machine), Markdown, plots.
+3. Outputs: JSON (date, TVM version, target, machine; for tvm, v3 and v3t one compact row per
+   kernel, ``kernel_rows``, priced before/after where ``latency.BEFORE`` exists), Markdown, plots,
+   and ``plausibility.md``/``.png`` (``python/bench_plausibility.py``).
 
     .venv/bin/python python/bench.py [--models bert lstm] [--small] [--no-nvcc] [--no-cpu] [--out DIR]
 """
@@ -23,8 +25,10 @@ and PNG plots beside it (``python/bench_plots.py``):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -34,9 +38,9 @@ import numpy as np
 import tvm
 
 from souffle_tvm import zoo
-from souffle_tvm.core import hardware
+from souffle_tvm.core import hardware, latency
 from souffle_tvm.stitch import prefetch
-from souffle_tvm.report import roofline
+from souffle_tvm.report import predicted, roofline
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.frontend.importer import import_onnx
 
@@ -49,6 +53,42 @@ CONFIGS = (("tvm", "tvm", None), ("v0", "souffle", "v0"), ("v1", "souffle", "v1"
 # TVM user would choose) and the time-driven v3 (the default of `--fusion souffle` on CUDA)
 EXTRA = {"tvm": {"cuda_graph": True}, "v3t": {"partitioner": "time"}}
 CPU_CONFIGS = (("tvm", "tvm", None), ("v2", "souffle", "v2"), ("v3", "souffle", "v3"))
+# Configurations whose kernels bench.json keeps one compact row each (``kernel_rows``), what
+# python/bench_plausibility.py reads; v0-v2 keep only their (bytes, flops, launches) triples
+PER_KERNEL = ("tvm", "v3", "v3t")
+
+
+def _before() -> latency.Constants | None:
+    """The latency model's constants as they were before its latest terms (``latency.BEFORE``),
+    where that module defines them: the 'before' columns of a re-pricing, else none."""
+    return getattr(latency, "BEFORE", None)
+
+
+def constants_of(c) -> dict:
+    """Every field of a ``latency.Constants`` (fitted and fixed), for the record."""
+    return dataclasses.asdict(c)
+
+
+def kernel_rows(report, gpu: hardware.GPU, before: latency.Constants | None) -> tuple[list[dict], float | None]:
+    """One compact row per kernel of a CUDA ``report`` (python/bench_plausibility.py reads them):
+    its form, launch shape, work and the latency model's ESTIMATES (``predicted_us`` under the
+    fitted constants, as the report has them; ``before_us`` under ``before`` where given), and
+    the inference's graph ms under ``before`` (None without it)."""
+    times, graph_ms = None, None
+    if before is not None and report.kernels:
+        p = latency.predict(gpu, before, latency.as_before(predicted.kernels_of(report)), graphs=True)
+        times, graph_ms = [t.seconds for t in p.kernels], round(p.seconds * 1e3, 4)
+    rows = []
+    for i, k in enumerate(report.kernels):
+        row = {"name": k.name, "form": k.form, "measured_form": k.measured_form, "launches": k.launches,
+               "grid": math.prod(k.grid or [1]), "threads": math.prod(k.block or [1]), "bytes": k.bytes,
+               "flops": k.flops, "tensor_core": k.tensor_core, "elem_bytes": k.elem_bytes,
+               "stitched": k.grid_syncs is not None and len(k.stages or []) > 1,
+               "predicted_us": k.predicted_us, "floor_us": k.floor_us, "floor_by": k.floor_by}
+        if times is not None:
+            row["before_us"] = round(times[i] * 1e6, 4)
+        rows.append(row)
+    return rows, graph_ms
 
 
 def v4_from_v3(c, gpu: hardware.GPU) -> dict:
@@ -103,6 +143,11 @@ def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool, only: 
                         "compile_seconds": r.compile_seconds, "nvcc_seconds": r.nvcc.get("seconds"),
                         "total_seconds": round(time.perf_counter() - t, 2),
                         "kernels": [[k.bytes, k.flops, k.launches] for k in r.kernels]}
+            if key in PER_KERNEL and r.target == "cuda":
+                before = _before()
+                row[key]["kernel_rows"], graph_before = kernel_rows(r, gpu, before)
+                if before is not None:
+                    row[key]["predicted_graph_ms_before"] = graph_before
             print(f"launches {r.launches}, {time.perf_counter() - t:.1f} s", flush=True)
             if key == "v3":
                 row["v4"] = dict(row["v3"], **v4_from_v3(c, gpu))
@@ -190,7 +235,7 @@ def markdown(result: dict) -> str:
               "launches, bytes and roofline estimate are V3's (a roofline already assumes a kernel's loads "
               "overlap): its column gives the MB it would prefetch per inference (planned on V3's kernels; a V4 build drops the prefetch of any kernel ptxas finds over budget with it), whose effect only a GPU "
               "measures.", "",
-              "| model | tvm | V0 | V1 | V2 | V3 | V4 MB prefetched |", "|---|---|---|---|---|---|---|"]
+              "| model | tvm | V0 | V1 | V2 | V3 | V3t | V4 MB prefetched |", "|---|---|---|---|---|---|---|---|"]
     for r in result["compile"]:
         cells = [f"build failed: {r[k]['error'][:60]}" if "error" in r[k] else
                  f"{r[k]['launches']} / {r[k]['bytes'] / 1e6:.1f} / {r[k]['roofline_ms_estimate']:.3f}"
@@ -209,6 +254,8 @@ def markdown(result: dict) -> str:
         lines += ["", "Ratios above 1 mean the right-hand configuration is faster."]
     if result.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in result["plots"]]
+    lines += ["", "Per kernel (tvm, v3, v3t): the latency model's re-pricing before/after its latest terms and each "
+              "kernel's predicted rate as a fraction of the GPU's peak, in plausibility.md (python/bench_plausibility.py)."]
     return "\n".join(lines) + "\n"
 
 
@@ -260,7 +307,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {"date": stamp, "tvm": tvm.__version__, "target": f"cuda -arch={args.arch}", "small": args.small,
               "machine": f"{os.cpu_count()} CPU cores, no GPU (compile only; CPU timings on llvm)",
-              "gpu_estimates_for": hardware.for_arch(args.arch).name}
+              "gpu_estimates_for": hardware.for_arch(args.arch).name,
+              # the latency model's constants the predicted figures use, and (``latency.BEFORE``, where
+              # defined) those of the model before its latest terms: the ``*_before`` figures
+              "latency_constants": constants_of(latency.FITTED)}
+    if _before() is not None:
+        result["latency_constants_before"] = constants_of(_before())
     fresh = compile_matrix(args.models, args.arch, args.small, not args.no_nvcc, args.configs)
     old = out / "bench.json"
     if args.configs and old.exists():       # replace those configurations in the earlier result
@@ -271,11 +323,17 @@ def main() -> int:
         rebuilt = {"configs": args.configs, "date": stamp}
         if sorted(by_model) != sorted(r["model"] for r in kept["compile"]):
             rebuilt["models"] = sorted(by_model)
+        for name in ("latency_constants", "latency_constants_before"):      # the rebuilt columns' model, if another
+            if name in result and result[name] != kept.get(name):
+                rebuilt[name] = result[name]
         kept.setdefault("rebuilt", []).append(rebuilt)
         result = kept | {"plots": None}
         result["compile"] = kept["compile"]
     else:
         result["compile"] = fresh
+        for r in fresh if args.configs else []:      # a first run of some configurations: the others are absent
+            r.update({k: {"error": f"not built (--configs {' '.join(args.configs)})"}
+                      for k, _, _ in CONFIGS if k not in r})
     if not args.no_cpu:
         result["cpu"] = cpu_side_by_side(args.models, args.reps)
     if result.get("rebuilt") and args.configs:
@@ -289,7 +347,14 @@ def main() -> int:
         result["plots"] = [str(p) for p in bench_plots.plot_all(result, out)]
     except ImportError as err:          # matplotlib is in the bench extra
         print(f"no plots: {err} (pip install -e '.[bench]')", flush=True)
+    except ValueError as err:           # matplotlib on a partial first run: the plots need tvm, v2, v3 and v3t
+        if not args.configs:
+            raise
+        print(f"no plots for --configs {' '.join(args.configs)}: {err}", flush=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
+    import bench_plausibility       # re-pricing (before/after) and fraction-of-peak check: plausibility.md, .png
+
+    bench_plausibility.main([str(out / "bench.json")])
     (out / "README.md").write_text(markdown(result))
     print(markdown(result))
     print(f"wrote {out}/ in {result['seconds']:.0f} s")

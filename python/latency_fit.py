@@ -4,7 +4,10 @@ Data: each case of ``results/gpu/gpu_check-run{1,2,3}.json`` (median ms, with an
 CUDA graph), predicted from the kernel plans of the builds that ran, rebuilt at their commit
 (``python/latency_replay.py``; runs 1-2 from 8580722, run 3 from 44fa44f; TVM's kernels from
 44fa44f, whose launch counting matches the trace). A case whose rebuilt launches or grid
-syncs differ from the run's trace is left out and listed.
+syncs differ from the run's trace is left out and listed. Each plan kernel gets the block counts
+(K steps, shared wavefronts, ...) of ``results/latency/counts-tvm.json`` where that file has its
+case and kernel name (``python/latency_counts.py``: TVM's kernels rebuilt today, matched on grid,
+block and launches; souffle cases under ``"<id>@<commit>"``); without the file, none.
 
 Fit: least squares on log(predicted / measured), every constant bounded to its physical range
 (``souffle_tvm.core.latency.RANGES``). Validation: leave-one-model-out (refit without each
@@ -30,12 +33,26 @@ from souffle_tvm.core import hardware, latency
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {1: "8580722", 2: "8580722", 3: "44fa44f"}
 TVM_PLANS = "44fa44f"
+COUNTS = "counts-tvm.json"     # python/latency_counts.py
+
+
+def load_counts(results: Path = ROOT / "results") -> dict[str, dict[str, dict]]:
+    """{case key: {kernel name: block counts}} of ``results/latency/counts-tvm.json``: the tvm cases
+    of plans-44fa44f under their id, old commits' souffle cases under ``"<id>@<commit>"``; {} without it."""
+    path = results / "latency" / COUNTS
+    return json.loads(path.read_text())["cases"] if path.exists() else {}
+
+
+def with_counts(rows: list[dict], counts: dict[str, dict]) -> list[dict]:
+    """Plan rows, each with its ``block_counts`` where ``counts`` has its kernel name."""
+    return [r | {"block_counts": counts[r["name"]]} if r["name"] in counts else r for r in rows]
 
 
 def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
     """One point per measured (run, case, graphs): the kernels that ran and the median ms."""
     plans = {c: {k["id"]: k for k in json.loads((results / "latency" / f"plans-{c}.json").read_text())["cases"]}
              for c in set(RUNS.values()) | {TVM_PLANS}}
+    counts = load_counts(results)
     points, skipped = [], []
     for run, commit in RUNS.items():
         data = json.loads((results / "gpu" / f"gpu_check-run{run}.json").read_text())
@@ -47,7 +64,10 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
             if plan is None:
                 skipped.append(f"run {run} {cid}: no rebuilt plan (results/latency/README.md)")
                 continue
-            kernels = latency.kernels_from_rows(plan["kernels"], 2 if plan["dtype"] == "float16" else 4)
+            pc = plan_commit(case["fusion"], commit, cid, plans)
+            counts_key = cid if case["fusion"] == "tvm" and pc == TVM_PLANS else f"{cid}@{pc}"
+            kernels = latency.kernels_from_rows(with_counts(plan["kernels"], counts.get(counts_key, {})),
+                                                2 if plan["dtype"] == "float16" else 4)
             launches = sum(k.launches for k in kernels)
             syncs = sum(k.launches * k.grid_syncs for k in kernels)
             if launches != case["kernels_traced"] or syncs != case["grid_syncs"]:
@@ -57,7 +77,7 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
             for graphs, key in ((False, "median_ms"), (True, "graph_median_ms")):
                 points.append({"run": run, "id": cid, "model": case["model"], "size": case["size"],
                                "fusion": case["fusion"], "graphs": graphs, "measured_ms": case[key],
-                               "kernels": kernels, "commit": plan_commit(case["fusion"], commit, cid, plans)})
+                               "kernels": kernels, "commit": pc})
     return points, skipped
 
 
@@ -142,7 +162,7 @@ def validate(gpu, points: list[dict]) -> dict:
                       "sign_right": (meas > 1) == (pred > 1)})
     lomo_err = [abs(r["lomo_error"]) for r in rows]
     all_err = [abs(r["error"]) for r in rows]
-    fixed = {n: getattr(consts, n) for n in ("mem_efficiency", "flop_efficiency")}
+    fixed = {n: getattr(consts, n) for n in ("mem_efficiency", "flop_efficiency", "l2_efficiency")}
     return {"gpu": gpu.name, "constants": consts.as_dict(), "fixed": fixed, "ranges": latency.RANGES,
             "lomo_constants": {m: c.as_dict() for m, c in lomo.items()},
             "median_abs_error": round(statistics.median(all_err), 3), "max_abs_error": round(max(all_err), 3),

@@ -6,6 +6,8 @@ Souffle build reported about 263 MB where its buffers hold about 363 MB)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import tvm
@@ -194,6 +196,13 @@ def test_tvm_kernels_of_small_bert_are_held_to_their_counts():
     held = _held(m, result.fused, m.params, report, result)
     assert [h for h in held if not h.equal] == [] and len(held) == len(report.kernels)
     assert report.counted["bytes"] <= report.bytes
+    # the static sector count of each lowered kernel (core/tir_counts, which the L1 floor reads)
+    # is a lower bound of what the emulator counts, and equals it where the kernel's lanes run in
+    # lock step (copies, transposes, softmax)
+    static = {k.name: k.block_counts["global_sectors"] * math.prod(k.grid) for k in report.kernels}
+    counted = {k.name: k.counted["sectors"] for k in report.kernels}
+    assert all(static[n] <= counted[n] for n in static), (static, counted)
+    assert sum(static[n] == counted[n] for n in static) >= 4, (static, counted)
 
 
 def _souffle_report(m, souffle):

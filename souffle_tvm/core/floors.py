@@ -12,6 +12,10 @@ taken at its most optimistic, so that a prediction below it is wrong, not merely
 * **shared memory:** an SM serves one 128-byte wavefront of shared memory per clock; a warp's
   shared access takes at least one wavefront per 16 bytes a lane moves (the widest vector
   access, every lane reading the same address);
+* **L1 data path:** shared memory and the L1 cache share one 128-byte-per-clock data path per SM,
+  and a warp's global request passes it one 32-byte sector at a time (four sectors a clock):
+  uncoalesced loads (a lane per row: 32 sectors a request) cost eight times a coalesced fp32
+  load's cycles however well the lines hit in cache;
 * **K-step chain:** a serial loop step that loads from global memory into shared memory and then
   waits at a block barrier cannot end before that load returns (``LOAD_LATENCY_CYCLES``, an L2
   hit); a software-pipelined step still waits at its barrier (``BARRIER_CYCLES``); the block's
@@ -37,6 +41,8 @@ BARRIER_CYCLES = 20
 WAVEFRONT_BYTES = 128
 # the widest shared access a lane makes (ld.shared.v4.b32)
 WIDEST_LANE_ACCESS = 16
+# the granule of a global memory access; an SM's L1 data path moves WAVEFRONT_BYTES of it a clock
+SECTOR_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,50 @@ class BlockCounts:
 
     ``shared_wavefronts``: shared-memory wavefronts its warps need at least; ``k_steps``: serial
     loop steps that wait on a global load at a block barrier; ``pipelined_steps``: serial steps
-    with a barrier whose loads were issued ahead (through registers or ``cp.async``)."""
+    with a barrier whose loads were issued ahead (through registers or ``cp.async``);
+    ``global_requests``: its warps' global loads and stores; ``global_sectors``: the 32-byte
+    sectors they touch (``global_sectors / global_requests`` is sectors per request: 4 for
+    coalesced fp32, 32 where each lane reads another row)."""
     threads: int
     shared_wavefronts: float = 0.0
     k_steps: int = 0
     pipelined_steps: int = 0
     barriers: int = 0
+    global_requests: float = 0.0
+    global_sectors: float = 0.0
+    # what the block with the MOST work executes (block 0: a grid-stride loop's first block), where
+    # it differs: the kernel cannot end before that block either
+    busiest: "BlockCounts | None" = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockCounts":
+        d = dict(d)
+        busiest = d.pop("busiest", None)
+        return cls(**d, busiest=cls.from_dict(busiest) if busiest else None)
+
+    def chain_cycles(self, step_cycles: float, compute_cycles: float = 0.0) -> float:
+        """One block alone: its unpipelined steps at ``step_cycles`` each, its pipelined steps'
+        barriers, and between them its shared wavefronts and its arithmetic (``compute_cycles``:
+        a step computes only after its barrier, and the next loads only after the next barrier);
+        0 without steps."""
+        if not (self.k_steps or self.pipelined_steps):
+            return 0.0
+        return (self.k_steps * step_cycles + self.pipelined_steps * BARRIER_CYCLES + self.shared_wavefronts
+                + compute_cycles)
+
+    @property
+    def l1_wavefronts(self) -> float:
+        """Cycles of the SM's L1/shared data path the block needs: its shared wavefronts and its
+        global sectors, four to a cycle."""
+        return self.shared_wavefronts + self.global_sectors * SECTOR_BYTES / WAVEFRONT_BYTES
 
     def as_dict(self) -> dict:
-        return {"threads": self.threads, "shared_wavefronts": round(self.shared_wavefronts, 2),
-                "k_steps": self.k_steps, "pipelined_steps": self.pipelined_steps, "barriers": self.barriers}
+        out = {"threads": self.threads, "shared_wavefronts": round(self.shared_wavefronts, 2),
+               "k_steps": self.k_steps, "pipelined_steps": self.pipelined_steps, "barriers": self.barriers,
+               "global_requests": round(self.global_requests, 2), "global_sectors": round(self.global_sectors, 2)}
+        if self.busiest is not None:
+            out["busiest"] = self.busiest.as_dict()
+        return out
 
 
 def _peak(gpu: GPU, tensor_core: bool, elem_bytes: int) -> float:
@@ -82,22 +122,31 @@ def stage_floors(gpu: GPU, tiles: int, nbytes: int, flops: int, tensor_core: boo
     return out
 
 
-def block_floors(gpu: GPU, grid: int, slots: int, counts: BlockCounts) -> dict[str, float]:
+def compute_cycles(gpu: GPU, block_flops: float, tensor_core: bool = False, elem_bytes: int = 4) -> float:
+    """Cycles one block's ``block_flops`` take alone on an SM at its full share of the peak."""
+    return block_flops / (_peak(gpu, tensor_core, elem_bytes) / gpu.sms / gpu.clock_hz)
+
+
+def block_floors(gpu: GPU, grid: int, slots: int, counts: BlockCounts, block_cycles: float = 0.0) -> dict[str, float]:
     """Seconds, by name, of the floors of what a kernel's blocks execute (``counts``: one block's).
 
     ``k_chain``: a block whose steps end at barriers does its own shared-memory work between
     them, after each unpipelined step's load has returned (the next step's load is issued only
     after the barrier that ends this step's reads): alone on its SM it takes at least its steps'
     latencies plus its wavefronts at one per clock, and blocks that are not resident together
-    run one wave after another."""
+    run one wave after another. Every floor also holds for the busiest block alone (a stitched
+    kernel whose stage has fewer tiles than the grid: block 0 runs a tile, the last none).
+    ``block_cycles``: the arithmetic of an average block (``compute_cycles``), in the chain of the
+    busiest block (at least average) or of every block where all blocks count the same."""
     if grid <= 0:
         return {}
     waves = math.ceil(grid / max(slots, 1))
-    stepped = counts.k_steps + counts.pipelined_steps
-    chain = counts.k_steps * LOAD_LATENCY_CYCLES + counts.pipelined_steps * BARRIER_CYCLES \
-        + (counts.shared_wavefronts if stepped else 0.0)
-    return {"shared": math.ceil(grid / gpu.sms) * counts.shared_wavefronts / gpu.clock_hz,
-            "k_chain": waves * chain / gpu.clock_hz}
+    per_sm = math.ceil(grid / gpu.sms)
+    busy = counts.busiest or counts
+    return {"shared": max(per_sm * counts.shared_wavefronts, busy.shared_wavefronts) / gpu.clock_hz,
+            "l1": max(per_sm * counts.l1_wavefronts, busy.l1_wavefronts) / gpu.clock_hz,
+            "k_chain": max(waves * counts.chain_cycles(LOAD_LATENCY_CYCLES, 0.0 if counts.busiest else block_cycles),
+                           busy.chain_cycles(LOAD_LATENCY_CYCLES, block_cycles)) / gpu.clock_hz}
 
 
 def binding(floors: dict[str, float]) -> tuple[str | None, float]:

@@ -10,9 +10,17 @@ bytes and flops. The terms, each physical:
 * **Latency hiding.** A wave of ``a`` tiles keeps ``a x warps per tile`` warps loading; each
   has a bounded number of bytes in flight, so the wave's bandwidth is ``min(DRAM x
   mem_efficiency, warps x warp_gbps)`` (Little's law; ``mem_efficiency`` 0.8 is what streaming
-  kernels reach, not fitted). A contraction's tiles re-read operand panels (from L2) at the
-  warps' pace alone. Occupancy (registers and shared
-  memory of the worst stage, imposed on all stages of a stitched kernel) bounds the warps.
+  kernels reach, not fitted). Occupancy (registers and shared memory of the worst stage, imposed
+  on all stages of a stitched kernel) bounds the warps.
+* **L2 re-reads.** A contraction's tiles re-read operand panels: at the warps' pace, and no
+  faster than L2 sustains (``l2_efficiency`` of ``GPU.l2_bandwidth``, not fitted) where the
+  operands fit in L2, DRAM's where they do not.
+* **The K-loop chain.** A block whose K loop loads a step into shared memory and waits at a
+  barrier before computing on it cannot overlap its steps: per wave, its steps' waits
+  (``kstep_cycles`` each, fitted: a global load's round trip and the barrier) plus its
+  shared-memory wavefronts, counted from the kernel's TIR (``core.tir_counts``) or given by the
+  rule that tiled it. Register blocking shows here: one output per thread means one shared load
+  per FMA, hence many wavefronts.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
   times ``flop_efficiency`` (fixed at 0.9, not fitted), lower where an SM has too few warps to
   hide latency.
@@ -26,20 +34,21 @@ bytes and flops. The terms, each physical:
   CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
   when its kernels are shorter (``launch_us``).
 * **Floors.** Neither a stage nor a kernel is predicted faster than its static floors
-  (``core.floors``: bytes over L2, flops on the busiest SM, shared-memory wavefronts and the
-  K-step load chain counted from the kernel's TIR): fitted constants must not buy a time no
-  schedule of that work can reach.
+  (``core.floors``: bytes over L2, flops on the busiest SM, shared-memory wavefronts, global
+  sectors through the L1 data path (coalescing) and the K-step load chain counted from the
+  kernel's TIR): fitted constants must not buy a time no schedule of that work can reach.
 
-Six constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
-``results/latency/`` and docs/latency-model.md), shared by all models and operators. Not
-modelled (said in the docs): L2 residency between stages, caches, bank conflicts, spills,
-instruction mix inside a tile.
+Seven constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
+``results/latency/`` and docs/latency-model.md), shared by all models and operators. ``BEFORE``
+is the model as it was before the L2 and K-chain terms (the same code with them off). Not
+modelled (said in the docs): L2 residency between kernels, bank conflicts, spills, instruction
+mix inside a tile.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import floors
 from .hardware import GPU, occupancy
@@ -57,6 +66,8 @@ class Constants:
     flop_efficiency: float = 0.9    # of the datasheet peak (not fitted: every fit and refit put it at 0.9, its bound)
     tile_us: float = 2.0            # a stitched stage's block starting its next tile (grid-stride): no overlap
     latency_us: float = 0.7         # the least one wave takes: dependent loads, arithmetic, stores made visible
+    kstep_cycles: float = 400.0     # one unpipelined K step's wait: a global load's round trip and the barrier (0: off)
+    l2_efficiency: float = 0.5      # of GPU.l2_bandwidth re-reads sustain (not fitted; 0: no L2 term)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
@@ -64,12 +75,30 @@ class Constants:
 
 # Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.
-FITTED = Constants(launch_us=7.983, node_us=0.5357, sync_us=1.157, tile_us=0.1, warp_gbps=0.6149, latency_us=0.6764)
+FITTED = Constants(launch_us=8.041, node_us=0.5416, sync_us=1.226, tile_us=0.1, warp_gbps=0.6506, latency_us=0.6809,
+                   kstep_cycles=2000.0)
 
-NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "latency_us")
+# The model before the L2 and K-chain terms (fitted 2026-12-01 on the same runs): the same code
+# with both terms off; python/bench.py prices every kernel with both.
+BEFORE = Constants(launch_us=7.983, node_us=0.5357, sync_us=1.157, tile_us=0.1, warp_gbps=0.6149, latency_us=0.6764,
+                   kstep_cycles=0.0, l2_efficiency=0.0)
+
+
+
+def as_before(kernels: list["Kernel"]) -> list["Kernel"]:
+    """``kernels`` as the model before 2026-12-03 saw them (priced with ``BEFORE``): block counts
+    without global sectors (the L1 floor) and without the busiest block's counts."""
+    def strip(k: Kernel) -> Kernel:
+        if k.counts is None:
+            return k
+        return replace(k, counts=replace(k.counts, global_requests=0.0, global_sectors=0.0, busiest=None))
+    return [strip(k) for k in kernels]
+
+
+NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "latency_us", "kstep_cycles")
 RANGES = {"launch_us": (1.0, 15.0), "node_us": (0.5, 5.0), "sync_us": (0.5, 8.0),
           "mem_efficiency": (0.4, 0.95), "tile_us": (0.1, 20.0), "warp_gbps": (0.2, 20.0), "flop_efficiency": (0.02, 0.9),
-          "latency_us": (0.3, 2.0)}
+          "latency_us": (0.3, 2.0), "kstep_cycles": (floors.LOAD_LATENCY_CYCLES, 2000.0)}
 
 
 @dataclass(frozen=True)
@@ -171,8 +200,12 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
     per_tile_flops = stage.flops / stage.tiles
     warps = active * math.ceil(stage.threads / gpu.warp_size)
     hiding = warps * c.warp_gbps * 1e9
-    dram = active * stage.bytes / stage.tiles / min(gpu.dram_bandwidth * c.mem_efficiency, hiding)
-    memory = max(dram, active * stage.tile_loads() / hiding)
+    streaming = gpu.dram_bandwidth * c.mem_efficiency
+    dram = active * stage.bytes / stage.tiles / min(streaming, hiding)
+    rereads = hiding
+    if c.l2_efficiency > 0:
+        rereads = min(hiding, gpu.l2_bandwidth * c.l2_efficiency if stage.bytes <= gpu.l2_bytes else streaming)
+    memory = max(dram, active * stage.tile_loads() / rereads)
     peak = gpu.fp16_flops if stage.tensor_core else gpu.fp32_flops
     active_sms = min(active, gpu.sms)
     # the arithmetic pipes hide latency with the same warps: an SM with fewer warps than it takes
@@ -183,19 +216,43 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
     return memory, active * per_tile_flops / flops_rate
 
 
-def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: bool = False) -> StageTime:
+def chain_seconds(gpu: GPU, c: Constants, counts: floors.BlockCounts, block_cycles: float = 0.0) -> float:
+    """One block's K-loop chain: its unpipelined steps' waits (``kstep_cycles``), its pipelined
+    steps' barriers and, between them, its shared-memory wavefronts and its arithmetic
+    (``block_cycles``); 0 without steps or with the term off."""
+    if c.kstep_cycles <= 0:
+        return 0.0
+    return counts.chain_cycles(c.kstep_cycles, block_cycles) / gpu.clock_hz
+
+
+def block_cycles(gpu: GPU, kernel: "Kernel") -> float:
+    """An average block's arithmetic alone on its SM (``floors.compute_cycles``)."""
+    st = kernel.stages
+    if not st or kernel.grid <= 0:
+        return 0.0
+    return floors.compute_cycles(gpu, sum(s.flops for s in st) / kernel.grid, any(s.tensor_core for s in st),
+                                 st[0].elem_bytes)
+
+
+def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: bool = False,
+               chain_s: float | None = None) -> StageTime:
     """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder; each wave
-    at least ``latency_us``, and in a ``persistent`` (stitched) kernel ``tile_us`` per extra wave."""
+    at least ``latency_us`` and its blocks' K-loop chain (``chain_s``, else from the stage's own
+    ``k_steps``), and in a ``persistent`` (stitched) kernel ``tile_us`` per extra wave."""
     if stage.tiles <= 0 or (stage.bytes <= 0 and stage.flops <= 0):
         return StageTime(0, 0.0, 0.0, 0.0, 0.0)
     waves = math.ceil(stage.tiles / slots)
     full, rest = divmod(stage.tiles, slots)
+    if chain_s is None:
+        chain_s = chain_seconds(gpu, c, floors.BlockCounts(stage.threads, stage.shared_wavefronts, stage.k_steps),
+                                floors.compute_cycles(gpu, stage.flops / stage.tiles, stage.tensor_core,
+                                                      stage.elem_bytes))
     mem = comp = seconds = 0.0
     for active, count in ((slots, full), (rest, 1 if rest else 0)):
         if count:
             m, f = wave_seconds(gpu, c, stage, active)
             mem, comp = mem + count * m, comp + count * f
-            seconds += count * max(m, f, c.latency_us * 1e-6)
+            seconds += count * max(m, f, c.latency_us * 1e-6, chain_s)
     tail = (slots - rest) / slots if rest else 0.0
     if persistent:
         seconds += (waves - 1) * c.tile_us * 1e-6
@@ -206,11 +263,23 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
 def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
     """One launch of ``kernel``: its stages one after another, each after its grid sync."""
     per_sm, slots = resident_blocks(gpu, kernel)
-    stages = tuple(stage_time(gpu, c, s, slots, persistent=len(kernel.stages) > 1) for s in kernel.stages)
+    counted = kernel.counts
+    cycles = block_cycles(gpu, kernel)
+    # the average block's arithmetic is in the busiest block's chain, or every block's where all count alike
+    chain = chain_seconds(gpu, c, counted, 0.0 if counted.busiest else cycles) if counted is not None else 0.0
+    single = len(kernel.stages) == 1
+    stages = tuple(stage_time(gpu, c, s, slots, persistent=not single,
+                              chain_s=chain if single and counted is not None else None) for s in kernel.stages)
     sync = kernel.grid_syncs * c.sync_us * 1e-6
+    seconds = sum(s.seconds for s in stages) + sync
+    if not single and counted is not None:
+        # the counts are the whole kernel's (every stage's steps of one block), one wave per slot
+        # fill; and no kernel ends before its busiest block's chain
+        seconds = max(seconds, math.ceil(kernel.grid / max(slots, 1)) * chain)
+    if counted is not None and counted.busiest is not None:
+        seconds = max(seconds, chain_seconds(gpu, c, counted.busiest, cycles))
     by, floor = kernel_floor(gpu, kernel, slots, stages)
-    return KernelTime(kernel.name, slots, per_sm, stages, sync, max(sum(s.seconds for s in stages) + sync, floor),
-                      floor, by)
+    return KernelTime(kernel.name, slots, per_sm, stages, sync, max(seconds, floor), floor, by)
 
 
 def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, ...]) -> tuple[str | None, float]:
@@ -222,7 +291,7 @@ def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, 
     elif stages:
         named = {"stages": sum(s.floor for s in stages)}
     if kernel.counts is not None:
-        for name, v in floors.block_floors(gpu, kernel.grid, slots, kernel.counts).items():
+        for name, v in floors.block_floors(gpu, kernel.grid, slots, kernel.counts, block_cycles(gpu, kernel)).items():
             named[name] = max(named.get(name, 0.0), v)
     return floors.binding(named)
 
@@ -280,4 +349,4 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
 
 def _counts(row: dict) -> floors.BlockCounts | None:
     c = row.get("block_counts")
-    return floors.BlockCounts(**c) if c else None
+    return floors.BlockCounts.from_dict(c) if c else None

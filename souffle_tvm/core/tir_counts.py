@@ -3,17 +3,23 @@ floors (``core.floors``) read.
 
 Counts are lower bounds, so the floors stay floors:
 * a loop runs its extent; an extent that depends on the block (a stitched kernel's grid-stride
-  trip) is taken at the last block, which has the fewest trips; one that cannot be evaluated
-  counts once;
+  trip) is taken at the last block, which has the fewest trips (and again at block 0, which
+  has the most: ``BlockCounts.busiest``); one that cannot be evaluated counts once;
 * a branch on the thread index runs in the warps that hold a thread taking it (evaluated for
   every thread of the block); a branch marked ``likely`` (TVM's bound checks) is taken; any
   other branch, and the branches of an ``if_then_else`` expression, count nothing;
 * a shared access of ``b`` bytes per lane costs its warp ``b / 16`` wavefronts (the widest
-  vector access, every lane on the same address); ``ldmatrix`` of ``n`` 8x8 matrices ``n``.
+  vector access, every lane on the same address); ``ldmatrix`` of ``n`` 8x8 matrices ``n``;
+* a global access (load or store) is one request per warp, touching the distinct 32-byte
+  sectors its active lanes' addresses fall in, evaluated at the first iteration of every
+  enclosing loop (an affine index moves all lanes together, so the pattern repeats; the first
+  iteration is the aligned one). An address that cannot be evaluated (a gathered index, a
+  ``cp.async``) counts as coalesced: its lanes' bytes over 32.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,7 +28,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import tir_stats
-from .floors import WAVEFRONT_BYTES, WIDEST_LANE_ACCESS, BlockCounts
+from .floors import SECTOR_BYTES, WAVEFRONT_BYTES, WIDEST_LANE_ACCESS, BlockCounts
 
 _THREADS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 
@@ -56,11 +62,15 @@ class _Walk:
     """One pass over a kernel's body, carrying how many times (``trips``) and in how many warps
     (``warps``, a boolean mask over the block's warps) each statement runs."""
 
-    def __init__(self):
+    def __init__(self, first_block: bool = False):
+        self.first_block = first_block
         self.extents: dict[str, int] = {}
         self.env: dict = {}                 # var -> value (numpy over the block's threads, or int)
         self.thread_vars: list = []
+        self.loop_vars: set = set()         # taken at their first iteration, for addresses only
+        self.lets: dict = {}                # var -> value, where it needs a loop variable
         self.shared = 0.0
+        self.requests = self.sectors = 0.0
         self.k_steps = self.pipelined = self.barriers = 0
 
     # -- evaluation over the block's threads ---------------------------------------------------
@@ -69,24 +79,61 @@ class _Walk:
         tid = np.arange(x * y * z)
         return {"threadIdx.x": tid % x, "threadIdx.y": tid // x % y, "threadIdx.z": tid // (x * y)}
 
-    def eval(self, e):
+    def eval(self, e, first: bool = False):
+        """``e``'s value over the block's threads; with ``first``, loop variables at their first
+        iteration (addresses only: branches and extents must not assume an iteration)."""
         if isinstance(e, tirx.IntImm):
             return int(e.value)
         if isinstance(e, tirx.Var):
             if e in self.env:
                 return self.env[e]
+            if first and e in self.loop_vars:
+                return 0
+            if first and e in self.lets:
+                return self.eval(self.lets[e], first)
             raise _Unknown
         if isinstance(e, tirx.Cast):
-            return self.eval(e.value)
+            return self.eval(e.value, first)
         if isinstance(e, tirx.Not):
-            return np.logical_not(self.eval(e.a))
+            return np.logical_not(self.eval(e.a, first))
         if type(e) in _BINARY:
-            return _BINARY[type(e)](self.eval(e.a), self.eval(e.b))
+            return _BINARY[type(e)](self.eval(e.a, first), self.eval(e.b, first))
         if isinstance(e, tirx.Select):
-            return np.where(self.eval(e.condition), self.eval(e.true_value), self.eval(e.false_value))
+            return np.where(self.eval(e.condition, first), self.eval(e.true_value, first),
+                            self.eval(e.false_value, first))
         if isinstance(e, tvm.ir.Call) and _op(e).endswith("likely"):
-            return self.eval(e.args[0])
+            return self.eval(e.args[0], first)
         raise _Unknown
+
+    def global_access(self, buffer, indices, trips: int, mask) -> None:
+        """Count one global access per active warp: its request and the distinct sectors its lanes
+        touch (at the first iteration of the enclosing loops)."""
+        active = self._warps(mask)
+        warps = int(active.sum())
+        if not warps:
+            return
+        elem = tir_stats.dtype_bytes(str(buffer.ty.dtype))
+        self.requests += trips * warps
+        try:
+            if len(indices) != 1:
+                raise _Unknown
+            index = indices[0]
+            if isinstance(index, tirx.Ramp):
+                base, stride, lanes = self.eval(index.base, True), self.eval(index.stride, True), int(index.lanes)
+            else:
+                base, stride, lanes = self.eval(index, True), 0, 1
+        except _Unknown:
+            self.sectors += trips * warps * math.ceil(32 * _lane_bytes(buffer, indices) / SECTOR_BYTES)
+            return
+        per_thread = np.broadcast_to(np.asarray(base, dtype=np.int64), (self.threads,))
+        offsets = per_thread[:, None] + np.asarray(stride, dtype=np.int64) * np.arange(lanes)[None, :]
+        first = offsets * elem // SECTOR_BYTES
+        last = (offsets * elem + elem - 1) // SECTOR_BYTES
+        live = np.broadcast_to(mask, (self.threads,))
+        for w in np.flatnonzero(active):
+            lanes_ = slice(32 * w, min(32 * w + 32, self.threads))
+            keep = live[lanes_]
+            self.sectors += trips * len(np.union1d(first[lanes_][keep], last[lanes_][keep]))
 
     def _extent(self, e) -> int:
         try:
@@ -106,8 +153,8 @@ class _Walk:
         return math.prod(self.extents.get(t, 1) for t in _THREADS)
 
     # -- expressions ---------------------------------------------------------------------------
-    def expr(self, e, trips: int, warps: int) -> tuple[bool, bool]:
-        """Count ``e``'s shared accesses; (loads global memory, loads shared memory)."""
+    def expr(self, e, trips: int, warps: int, mask=None) -> tuple[bool, bool]:
+        """Count ``e``'s shared and global accesses; (loads global memory, loads shared memory)."""
         skipped: list = []
         found = {"global": False, "shared": False}
 
@@ -124,6 +171,8 @@ class _Walk:
             scope = _scope(ld.source)
             if scope == "global":
                 found["global"] = True
+                if mask is not None:
+                    self.global_access(ld.source, ld.indices, trips, mask)
             elif scope.startswith("shared"):
                 found["shared"] = True
                 self.shared += trips * warps * _lane_bytes(ld.source, ld.indices) / WIDEST_LANE_ACCESS
@@ -139,6 +188,8 @@ class _Walk:
                 nbytes = c.args[-1] if not isinstance(c.args[-1], tvm.ir.Call) else c.args[-2]
                 lane = int(nbytes.value) if isinstance(nbytes, tirx.IntImm) else 4
                 self.shared += trips * warps * lane / WIDEST_LANE_ACCESS
+                self.requests += trips * warps
+                self.sectors += trips * warps * math.ceil(32 * lane / SECTOR_BYTES)
             elif name.endswith("tvm_storage_sync") and c.args and str(c.args[0].value).startswith("shared"):
                 self.barriers += trips
 
@@ -164,8 +215,8 @@ class _Walk:
                         self.env[var] = ids[t]
                     mask = np.ones(self.threads, dtype=bool)
                 else:
-                    # a grid-stride trip is fewest at the last block
-                    self.env[s.node.var] = self.extents[tag] - 1
+                    # a grid-stride trip is fewest at the last block, most at the first
+                    self.env[s.node.var] = 0 if self.first_block else self.extents[tag] - 1
             self.stmt(s.body, trips, mask)
         elif isinstance(s, tirx.For):
             self._loop(s, trips, mask)
@@ -183,18 +234,20 @@ class _Walk:
             try:
                 self.env[s.var] = self.eval(s.value)
             except _Unknown:
-                pass
-            self.expr(s.value, trips, warps)
+                self.lets[s.var] = s.value
+            self.expr(s.value, trips, warps, mask)
             if getattr(s, "body", None) is not None:
                 self.stmt(s.body, trips, mask)
         elif isinstance(s, tirx.BufferStore):
-            self.expr(s.value, trips, warps)
+            self.expr(s.value, trips, warps, mask)
             for i in s.indices:
-                self.expr(i, trips, warps)
+                self.expr(i, trips, warps, mask)
             if _scope(s.buffer).startswith("shared"):
                 self.shared += trips * warps * _lane_bytes(s.buffer, s.indices) / WIDEST_LANE_ACCESS
+            elif _scope(s.buffer) == "global":
+                self.global_access(s.buffer, s.indices, trips, mask)
         elif isinstance(s, tirx.Evaluate):
-            self.expr(s.value, trips, warps)
+            self.expr(s.value, trips, warps, mask)
         elif isinstance(s, (tirx.AllocBuffer, tirx.DeclBuffer)):
             body = getattr(s, "body", None)
             if body is not None:
@@ -204,6 +257,7 @@ class _Walk:
 
     def _loop(self, loop, trips: int, mask) -> None:
         extent = self._extent(loop.extent) if loop.kind != tirx.ForKind.VECTORIZED else 1
+        self.loop_vars.add(loop.loop_var)
         step = _Step(loop.body)
         if loop.kind == tirx.ForKind.SERIAL and extent > 1 and step.barrier and not step.inner:
             if step.global_to_shared:
@@ -245,8 +299,15 @@ class _Step:
         return not (isinstance(f.extent, tirx.IntImm) and int(f.extent.value) <= 1)
 
 
-def block_counts(func: tirx.PrimFunc) -> BlockCounts:
-    """What one block of the lowered device kernel ``func`` executes, at least."""
-    walk = _Walk()
+def _walked(func: tirx.PrimFunc, first_block: bool) -> BlockCounts:
+    walk = _Walk(first_block)
     walk.stmt(func.body, 1, np.ones(1, dtype=bool))
-    return BlockCounts(max(walk.threads, 1), walk.shared, walk.k_steps, walk.pipelined, walk.barriers)
+    return BlockCounts(max(walk.threads, 1), walk.shared, walk.k_steps, walk.pipelined, walk.barriers,
+                       walk.requests, walk.sectors)
+
+
+def block_counts(func: tirx.PrimFunc) -> BlockCounts:
+    """What one block of the lowered device kernel ``func`` executes, at least: the last block
+    (the least work), with what block 0 (the most) executes as ``busiest`` where that differs."""
+    last, first = _walked(func, False), _walked(func, True)
+    return last if first == last else dataclasses.replace(last, busiest=first)

@@ -119,11 +119,13 @@ def block_sizes(at: AtSizes, mod: tvm.IRModule, groups: list[Group], subprograms
     """Each stitched subprogram's block size (``partition.block_size.choose`` on ``at``'s
     timers; ``mod``: the groups scheduled at ``STITCH_BLOCK``): those in ``keep`` (group
     positions as tuples: ptxas found them over budget at the size chosen) stay at
-    ``STITCH_BLOCK``."""
+    ``STITCH_BLOCK``, and so does every piece a later split cuts from them (choosing the larger
+    block again for a piece would undo the resize each split round, until the rounds run out)."""
     out = StitchedBlocks()
     calls = GroupCalls(mod, groups)
+    kept = [set(t) for t in keep]
     for k, (idx, _) in enumerate(subprograms):
-        if len(idx) < 2 or tuple(idx) in keep:
+        if len(idx) < 2 or any(set(idx) <= t for t in kept):
             continue
         choice = block_size.choose({b: window_seconds(t, producers, idx) for b, t in at.timers.items()})
         if choice is None:
