@@ -1,4 +1,4 @@
-"""Fit the latency model's six constants on every measured GPU run and validate it honestly.
+"""Fit the latency model's seven constants on every measured GPU run and validate it honestly.
 
 Data: each case of ``results/gpu/gpu_check-run{1,2,3}.json`` (median ms, with and without a
 CUDA graph), predicted from the kernel plans of the builds that ran, rebuilt at their commit

@@ -171,24 +171,46 @@ def test_the_time_partitioner_stitches_where_another_size_makes_it_pay():
 # -- a model -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def efficientnet_v3():
+    """Small EfficientNet's budget partition, with what ptxas found in each feedback round."""
+    from souffle_tvm.pipeline import feedback
     from souffle_tvm.pipeline.driver import compile as compile_model
 
-    return compile_model("efficientnet", "cuda", "souffle", small=True, level="v3", partitioner="budget")
+    real, rounds = feedback.over_budget, []
+
+    def spy(report, souffle, arch):
+        over = real(report, souffle, arch)
+        rounds.append(({k.function: k.block for k in souffle.stitched}, over))
+        return over
+
+    feedback.over_budget = spy
+    try:
+        compiled = compile_model("efficientnet", "cuda", "souffle", small=True, level="v3", partitioner="budget")
+    finally:
+        feedback.over_budget = real
+    return compiled, rounds
 
 
-def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster(efficientnet_v3):
-    """Small EfficientNet's budget partition: a subprogram of depthwise convolutions and
-    squeeze-excite reductions runs at 512 threads, the report saying why with both figures, and
-    ptxas builds it (the kernel's launch and registers are ptxas' figures for that block)."""
-    report = efficientnet_v3.report
-    sized = [s for s in report.subprograms if s.get("block")]
-    assert sized, "no subprogram took another block size"
-    for s in sized:
-        assert s["block"] in (128, 512) and s["block_reason"].startswith(f"{s['block']} threads per block")
-    blocks = {k.block[0] for k in report.kernels if k.cooperative}
-    assert blocks & {128, 512}
+def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster_unless_ptxas_overrules(efficientnet_v3):
+    """Small EfficientNet's budget partition: the model puts a subprogram of depthwise
+    convolutions and squeeze-excite reductions at 512 threads. ptxas then decides: the report
+    keeps the size with its reason (both figures) where it fits, and where ptxas finds it over
+    budget the kernel goes back to 256 threads, never left spilling. Since the model's fourth form
+    (2026-12-03) ptxas overrules it here (40 B of spills at 512)."""
+    compiled, rounds = efficientnet_v3
+    report = compiled.report
     require_nvcc()
     assert report.nvcc.get("available"), report.nvcc
+    first_blocks, first_over = rounds[0]
+    resized = {f: b for f, b in first_blocks.items() if b != 256}
+    assert resized and set(resized.values()) <= {128, 512}
+    for s in (s for s in report.subprograms if s.get("block")):
+        assert s["block_reason"].startswith(f"{s['block']} threads per block")
+    for f, b in resized.items():
+        final = [k for k in report.kernels if k.primfunc == f]
+        if f in first_over:
+            assert all(k.block[0] == 256 for k in final), (f, first_over[f])
+        else:
+            assert all(k.block[0] == b for k in final)
     assert all(k.registers is not None and not k.spill_bytes for k in report.kernels if k.cooperative)
 
 

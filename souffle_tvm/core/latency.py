@@ -56,8 +56,9 @@ from .hardware import GPU, occupancy
 
 @dataclass(frozen=True)
 class Constants:
-    """The model's constants: those in ``NAMES`` are fitted, ``mem_efficiency`` and
-    ``flop_efficiency`` fixed; ``RANGES`` gives each one's plausible physical range."""
+    """The model's constants: those in ``NAMES`` are fitted, ``mem_efficiency``,
+    ``flop_efficiency`` and ``l2_efficiency`` fixed; ``RANGES`` gives each one's plausible
+    physical range."""
     launch_us: float = 5.0          # host-side dispatch of one kernel launch without a graph
     node_us: float = 1.5            # one kernel in a CUDA graph: launch latency, ramp and drain
     sync_us: float = 2.0            # one grid.sync(), with the cold restart of every block after it
