@@ -20,9 +20,10 @@ request is (statement instance, warp, site). A statement under thread-dependent 
 per thread as a unit (``emulate``), loops included: there the k-th execution of a site by a lane
 is that lane's part of the warp's k-th request (SIMT), so the request is (statement instance,
 warp, site, k), k counted per thread. Each request gets a stamp; a request is new when its site's
-slot holds another stamp, a sector new to the request when the buffer's sector word holds
-another. Within such a unit two lanes that touch one sector at the same k are one sector only if
-no lane of the warp touched it at another k in between (the sector word keeps the last stamp), so
+slot holds another stamp, a sector new to the request when the site's sector word (one per
+buffer and site) holds another. Within such a unit two lanes that touch one sector at the same k
+are one sector only if no lane of the warp touched it at another k in between (the sector word
+keeps the last stamp), so
 sectors there are an upper bound where lanes share sectors; they are exact where they do not
 (a thread per row, ``PartialRows``), and everywhere under lock step.
 """
@@ -79,7 +80,9 @@ class _Global:
     """One global buffer's words: per element, for the whole call, for each launch region and for
     each segment that touches it, whether it was read (bit 1) or written (bit 2) there (segments
     of one grid-sync phase run block by block, interleaved, so a last-toucher stamp would not
-    do); per sector the stamp of the last request that touched it."""
+    do); per access site and sector the stamp of the site's last request that touched it (one
+    word per site: with one word per buffer, two sites of one statement on one sector would
+    overwrite each other's stamp between lanes and count the sector again for every lane)."""
 
     def __init__(self, index: int, buf):
         self.index, self.buf = index, buf
@@ -87,7 +90,14 @@ class _Global:
         self.elem = _elem_bytes(buf)
         self.n = max(numel(buf), 1)
         self.level_flags: dict[tuple, tirx.Var] = {}
-        self.sectors = _buffer([max(math.ceil(self.n * self.elem / SECTOR), 1)], _I64, f"{buf.name}_sectors")
+        self.site_sectors: dict[int, tirx.Var] = {}
+
+    def sectors(self, site: int) -> tirx.Var:
+        """The sector stamps of access site ``site``."""
+        if site not in self.site_sectors:
+            self.site_sectors[site] = _buffer([max(math.ceil(self.n * self.elem / SECTOR), 1)], _I64,
+                                              f"{self.buf.name}_sectors{site}")
+        return self.site_sectors[site]
 
     def flags(self, level: str, at: int = 0) -> tirx.Var:
         """The read/written bits of ``level`` ("call", "region", "segment") number ``at``."""
@@ -96,7 +106,7 @@ class _Global:
         return self.level_flags[(level, at)]
 
     def arrays(self) -> list:
-        return list(self.level_flags.values()) + [self.sectors]
+        return list(self.level_flags.values()) + list(self.site_sectors.values())
 
 
 class _Looped:
@@ -365,8 +375,9 @@ class TrafficProbe:
                 counted += self._flagged(g.flags(level, at), f, mode, g.index, level)
             req, sec, acc = (3, 4, 7) if mode == _READ else (5, 6, 8)
             sector = tirx.floordiv(f * i64(g.elem), i64(SECTOR))
-            counted += [tirx.IfThenElse(tirx.BufferLoad(g.sectors, [sector]) != stamp,
-                                        seq([tirx.BufferStore(g.sectors, stamp, [sector]), self._count(g.index, sec)]),
+            words = g.sectors(site)
+            counted += [tirx.IfThenElse(tirx.BufferLoad(words, [sector]) != stamp,
+                                        seq([tirx.BufferStore(words, stamp, [sector]), self._count(g.index, sec)]),
                                         None)]
             out += [tirx.IfThenElse(tirx.And(f >= i64(0), f < i64(g.n)), seq(counted), None),
                     tirx.IfThenElse(new_request, seq(out_request + [self._count(g.index, req)]), None),
