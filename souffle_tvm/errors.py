@@ -76,6 +76,11 @@ class CacheWarning(SouffleWarning):
     recomputed or skipped, never trusted."""
 
 
+class OverBudgetWarning(SouffleWarning):
+    """ptxas still found a stitched kernel over budget (spills, or fewer co-resident blocks than
+    SMs) when the feedback rounds ran out: the build is kept, slower than planned."""
+
+
 class CooperativeBuildWarning(UserWarning):
     """A module holds stitched cooperative kernels: it must be built with the TIR pipeline that
     launches them cooperatively (``souffle_tvm.transform.COOPERATIVE_TIR_PIPELINE``)."""

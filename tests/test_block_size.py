@@ -235,3 +235,19 @@ def test_a_kernel_over_budget_at_its_size_goes_back_to_256_before_a_split(monkey
     assert not any(s.get("block") for s in report.subprograms)
     assert {k.block[0] for k in report.kernels if k.cooperative} == {256}
     assert not any("ptxas feedback" in s["reason"] for s in report.subprograms)     # no split
+
+
+@needs_nvcc
+def test_a_kernel_still_over_budget_when_the_rounds_run_out_is_said(monkeypatch):
+    """ptxas' verdict planted for every stitched kernel, one feedback round allowed: the build is
+    kept, and a warning names the kernel and what ptxas found (it used to be silent)."""
+    from souffle_tvm.errors import OverBudgetWarning
+    from souffle_tvm.pipeline import feedback
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    monkeypatch.setattr(feedback, "MAX_FEEDBACK_ROUNDS", 1)
+    monkeypatch.setattr(feedback, "over_budget", lambda report, souffle, arch: {
+        k.function: "planted: 64 B of register spills" for k in souffle.stitched if len(k.stages) > 1})
+    with pytest.warns(OverBudgetWarning, match="after 1 rounds, souffle_stitched_.*planted"):
+        report = compile_model("mmoe", "cuda", "souffle", small=True, level="v3", partitioner="budget").report
+    assert any(k.cooperative for k in report.kernels)

@@ -13,11 +13,12 @@ spills no more.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from ..build.executable import BuildResult
 from ..core import hardware, progress
 from ..core.geometry import STITCH_BLOCK
-from ..errors import CoresidencyError, SouffleError
+from ..errors import CoresidencyError, OverBudgetWarning, SouffleError
 from ..frontend.importer import ImportedModel
 from ..partition.subprograms import cut_cost, split_point
 from ..report.assemble import check_coresidency, with_stitched_facts
@@ -128,6 +129,12 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
             fb = dataclasses.replace(souffle.feedback, forced=_split(souffle, over))
         souffle, result, report, src, took = _rebuild(imported, souffle, target, fb, use_nvcc)
         seconds += took
+    else:
+        still = over_budget(report, souffle, arch) if rounds and report.nvcc.get("available") else {}
+        if still:
+            warnings.warn(f"ptxas feedback: after {MAX_FEEDBACK_ROUNDS} rounds, "
+                          + "; ".join(f"{f}: {why}" for f, why in sorted(still.items()))
+                          + " (kept: slower than planned)", OverBudgetWarning, stacklevel=2)
     if souffle.stitched and report.nvcc.get("available"):
         # Each cooperative kernel gets the grid its measured registers and shared memory allow
         # (the first build used the static estimate's).
