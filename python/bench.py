@@ -271,13 +271,16 @@ def _latency_lines(result: dict) -> list[str]:
              "floor | launches tvm / v3 / v3t | stitched stages v3 / v3t |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["compile"]:
         k = {c: r.get(c, {}) for c in ("tvm", "v2", "v3", "v3t")}
-        if any("error" in v or v.get("predicted_ms") is None for v in k.values()):
-            lines.append(f"| {r['model']} | not predicted (a build failed) |")
+        k = {c: {} if str(v.get("error", "")).startswith("not built") else v for c, v in k.items()}
+        if any("error" in v or (v and v.get("predicted_ms") is None) for v in k.values()) or not all(
+                k[c] for c in ("tvm", "v3", "v3t")):
+            lines.append(f"| {r['model']} | not predicted (a build failed, or tvm/v3/v3t not built) |")
             continue
         t, v2, v3, vt = k["tvm"], k["v2"], k["v3"], k["v3t"]
+        v2_graph = f"{v2['predicted_graph_ms']:.3f}" if v2 else "not built"
         lines.append(
             f"| {r['model']} | {t['predicted_ms']:.3f} | {t['predicted_rewrite_ms'] or float('nan'):.3f} | "
-            f"{t['predicted_graph_ms']:.3f} | {v2['predicted_graph_ms']:.3f} | {v3['predicted_graph_ms']:.3f} | "
+            f"{t['predicted_graph_ms']:.3f} | {v2_graph} | {v3['predicted_graph_ms']:.3f} | "
             f"{vt['predicted_ms']:.3f} | {vt['predicted_graph_ms']:.3f} | "
             f"{vt['predicted_graph_ms'] / t['predicted_graph_ms']:.2f} | {r['roofline_floor_ms_estimate']:.3f} | "
             f"{t['launches']} / {v3['launches']} / {vt['launches']} | {v3['stitched_stages']} / {vt['stitched_stages']} |")
