@@ -58,12 +58,6 @@ CPU_CONFIGS = (("tvm", "tvm", None), ("v2", "souffle", "v2"), ("v3", "souffle", 
 PER_KERNEL = ("tvm", "v3", "v3t")
 
 
-def _before() -> latency.Constants | None:
-    """The latency model's constants as they were before its latest terms (``latency.BEFORE``),
-    where that module defines them: the 'before' columns of a re-pricing, else none."""
-    return getattr(latency, "BEFORE", None)
-
-
 def constants_of(c) -> dict:
     """Every field of a ``latency.Constants`` (fitted and fixed), for the record."""
     return dataclasses.asdict(c)
@@ -144,10 +138,7 @@ def compile_matrix(models: list[str], arch: str, small: bool, nvcc: bool, only: 
                         "total_seconds": round(time.perf_counter() - t, 2),
                         "kernels": [[k.bytes, k.flops, k.launches] for k in r.kernels]}
             if key in PER_KERNEL and r.target == "cuda":
-                before = _before()
-                row[key]["kernel_rows"], graph_before = kernel_rows(r, gpu, before)
-                if before is not None:
-                    row[key]["predicted_graph_ms_before"] = graph_before
+                row[key]["kernel_rows"], row[key]["predicted_graph_ms_before"] = kernel_rows(r, gpu, latency.BEFORE)
             print(f"launches {r.launches}, {time.perf_counter() - t:.1f} s", flush=True)
             if key == "v3":
                 row["v4"] = dict(row["v3"], **v4_from_v3(c, gpu))
@@ -314,8 +305,7 @@ def main() -> int:
               # the latency model's constants the predicted figures use, and (``latency.BEFORE``, where
               # defined) those of the model before its latest terms: the ``*_before`` figures
               "latency_constants": constants_of(latency.FITTED)}
-    if _before() is not None:
-        result["latency_constants_before"] = constants_of(_before())
+    result["latency_constants_before"] = constants_of(latency.BEFORE)
     fresh = compile_matrix(args.models, args.arch, args.small, not args.no_nvcc, args.configs)
     old = out / "bench.json"
     if args.configs and old.exists():       # replace those configurations in the earlier result
