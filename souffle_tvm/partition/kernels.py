@@ -8,6 +8,9 @@ without a grid-wide barrier:
   (same spatial domain and reduce extent, reading group members element-for-element along
   the summed axis: softmax's max → sum, LayerNorm's mean → variance);
 * a one-to-one stage joins as an epilogue when every non-weight input comes from the group;
+* a row chain (``te.chains``: attention's ``Q Kᵀ`` → softmax → ``P V``) is one group: each
+  block holds whole rows, so its reductions need no grid-wide barrier and its rows never
+  leave the chip (with ``row_chains``);
 * anything else starts a new group, and the reason is recorded.
 
 ``split_unschedulable`` is schedule feedback: given, per candidate group, why the code
@@ -21,9 +24,9 @@ import math
 from tvm import te
 
 from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG
-from ..te import analysis, rewrite as te_rewrite
+from ..te import analysis, chains as te_chains, rewrite as te_rewrite
 from ..te.program import TEProgram
-from .groups import Group, Partition
+from .groups import Group, Partition, readers_of
 
 
 def _spatial(op: te.ComputeOp) -> list[int]:
@@ -63,8 +66,13 @@ def _partials_first(stages: list[te.Tensor]) -> list[te.Tensor]:
     return order
 
 
-def partition_groups(prog: TEProgram) -> Partition:
+ROW_CHAIN = "row chain: a block holds whole rows of {head} and finishes them through {tail}, on chip"
+
+
+def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
     """Group the (transformed) program's stages into kernels by the rules above."""
+    chain_of = ({m.op: c for c in te_chains.row_chains(prog.stages(), readers_of(prog)) for m in c.stages}
+                if row_chains else {})
     placeholders = {t.op for t in prog.placeholders()}
     opaque_of = {out.op: o for o in prog.opaque for out in o.outputs}
     groups: list[Group] = []
@@ -99,7 +107,18 @@ def partition_groups(prog: TEProgram) -> Partition:
         members = {m.op for m in current.members} if current else set()
         kind = analysis.classify(op)[0]
         prods = producers(op)
-        if current is None:
+        chain = chain_of.get(op)
+        if chain is not None and not op.same_as(chain.head.op):
+            if current is not None and current.members[0].op.same_as(chain.head.op):
+                current.members.append(t)
+                continue
+            reason = "a row chain broken by an opaque op"
+        elif current is not None and any(m.op in chain_of and not m.op.same_as(chain_of[m.op].tail.op)
+                                         for m in current.members):
+            reason = "after a row chain"      # the chain's group is its own kernel
+        elif chain is not None:
+            reason = ROW_CHAIN.format(head=op.name, tail=chain.tail.op.name)
+        elif current is None:
             reason = "start" if not groups else "after an opaque op"
         # Producers outside ``members`` belong to earlier kernels, whose results are complete in
         # global memory before this kernel starts; only reads of ``members`` must stay block-local.

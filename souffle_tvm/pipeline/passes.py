@@ -160,15 +160,18 @@ def VerticalFusion() -> tvm.transform.Pass:  # noqa: N802
 
 
 def TwoPhaseReduction(atomic: bool = False, judged: bool = False,  # noqa: N802
-                      gemm_tile: int | None = None) -> tvm.transform.Pass:
+                      gemm_tile: int | None = None, row_chains: bool = True) -> tvm.transform.Pass:
     """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
     ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA); ``judged``: only where the
     latency model predicts the split faster (``policies.split_pays``); ``gemm_tile``: the SIMT
-    GEMM tile side the options fix (None: the one each GEMM's schedule sizes to the grid)."""
+    GEMM tile side the options fix (None: the one each GEMM's schedule sizes to the grid);
+    ``row_chains``: the reductions of a row chain (``te.chains``; attention's softmax) stay
+    whole, for the chain's kernel to hold its rows on chip."""
     judge = policies.split_pays if judged else None
     return _transform_pass("souffle.TwoPhaseReduction",
                            lambda prog: two_phase(prog, lambda gemm: policies.gemm_tile(gemm, gemm_tile),
-                                                             atomic=atomic, judge=judge),
+                                                  atomic=atomic, judge=judge,
+                                                  whole=policies.held_whole(prog) if row_chains else None),
                            "two_phase", two_phase.__doc__)
 
 
@@ -181,17 +184,19 @@ class PartitionAndEmit:
     """Draw kernel boundaries (with schedule feedback on CUDA) and emit one PrimFunc per group."""
 
     def __init__(self, target: tvm.target.Target | None = None, block_size: int | None = None,
-                 gemm_k_tile: int | None = None, database=None, gemm_tile: int | None = None):
+                 gemm_k_tile: int | None = None, database=None, gemm_tile: int | None = None,
+                 row_chains: bool = True):
         self.target = target
         self.block_size = block_size
         self.gemm_k_tile, self.gemm_tile = gemm_k_tile, gemm_tile
         self.database = database
+        self.row_chains = row_chains
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prog = _program(mod)
         scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database,
                                            self.gemm_tile)
-        part = kernels.partition_groups(prog)
+        part = kernels.partition_groups(prog, self.row_chains)
         readers = readers_of(prog)
         # Schedule feedback, in topological order (the schedule cache keeps the first of equal
         # functions it meets, so the order is part of what is built): the partitioner splits
@@ -407,10 +412,11 @@ def _pipeline(target: tvm.target.Target, params: list | None, options: Options, 
     steps = [LowerToTE(params)] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too
     judged = options.partitioner == "time"
-    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(), TwoPhaseReduction(options.reduction == "atomic", judged, options.gemm_tile),
+    steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(),
+              TwoPhaseReduction(options.reduction == "atomic", judged, options.gemm_tile, options.onchip),
               PartitionAndEmit(target, STITCH_BLOCK if stitching else None,
                                options.gemm_k_tile if stitching else None, database,
-                               options.gemm_tile if stitching else None)]
+                               options.gemm_tile if stitching else None, options.onchip)]
     if stitching:
         steps += [StitchSubprograms(target, options.partitioner, feedback, options.onchip),
                   PlantPrefetch(target, (feedback or Feedback()).no_prefetch)]

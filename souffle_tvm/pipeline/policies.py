@@ -32,11 +32,12 @@ from ..core.structural import ByStructure
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
 from ..partition import by_time
-from ..partition.groups import Group, outputs_of
+from ..partition.groups import Group, outputs_of, readers_of
 from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
 from ..stitch import lower
 from ..stitch.module import ExprKey
+from ..te import chains
 from ..transforms.two_phase import Candidate
 from . import onchip_credit
 
@@ -155,6 +156,14 @@ class ScheduleCache:
         gpu = hardware.for_arch(str(self.target.attrs.get("arch", "sm_90")))
         return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func),
                                      [estimate.stage(low.body) for low in lowered])
+
+
+def held_whole(prog) -> dict:
+    """op -> why its rows stay whole: the row reductions of the program's row chains
+    (``te.chains``), which the chain's kernel reduces on chip instead of in two phases."""
+    return {m.op: f"its rows are held whole on chip ({chain.describe()})"
+            for chain in chains.row_chains(prog.stages(), readers_of(prog))
+            for m in chain.stages[1:-1] if m.op.reduce_axis}
 
 
 _TILES: dict = {}    # memo across compiles: structural hash of a GEMM's group PrimFunc -> answer

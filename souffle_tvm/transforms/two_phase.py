@@ -170,7 +170,8 @@ def _combine_fn(combine, reducer, parts: int):
     return f
 
 
-def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge: Judge | None = None) -> TwoPhaseResult:
+def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge: Judge | None = None,
+              whole: dict | None = None) -> TwoPhaseResult:
     """Split every GEMM-fed row reduction whose row count and row length tile by its GEMM's
     block tile, in at least two partials per row.
 
@@ -181,6 +182,9 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
     ``judge(candidate)``: None to split a reduction that can be split, else the reason it is
     kept (``pipeline.policies.split_pays`` asks the latency model); without one, every candidate
     is split.
+
+    ``whole``: op -> why its rows stay whole (a row chain holds them on chip, ``te.chains``):
+    those reductions are kept as they are.
 
     ``atomic`` (CUDA): fp32 sums — and the variance, as ``E[x^2]``-style sums — accumulate
     straight into their row results with ``atomicAdd`` (``ATOMIC_ATTR`` stages, built by
@@ -234,7 +238,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
 
     for t in stages:
         op = t.op
-        form, e, c, tile = _match(op, stages_by_op, gemm_tile)
+        form, e, c, tile = _match(op, stages_by_op, gemm_tile) if op not in (whole or {}) else (None, whole[op], None, None)
         if form is not None:
             K = int(op.reduce_axis[0].dom.extent)
             spatial = [int(ax.dom.extent) for ax in op.axis]

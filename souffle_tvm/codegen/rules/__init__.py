@@ -4,6 +4,7 @@ or ``None`` where the rule does not apply. ``codegen.schedule.default_rules`` or
 with dlight's own rules for the stitched stages (256 threads, or 128 or 512 where a subprogram
 takes that size):
 
+- ``row_chain.RowChain``: a row chain (attention) in one kernel, its rows held in shared memory.
 - ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
 - ``tiled_combine.TiledCombine``: a two-phase reduction's combine and its consumer, tiled like
@@ -22,10 +23,11 @@ from .atomic_rows import AtomicRows
 from .column_reduction import ColumnReduction
 from .stitched_matmul import StitchedMatmul
 from .partial_rows import PartialRows
+from .row_chain import RowChain
 from .row_reduction import RowReduction
 from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 from .tiled_combine import TiledCombine
 
-__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowReduction", "SerialReduction",
+__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
            "TensorCoreMatmul", "TiledCombine"]
