@@ -146,11 +146,30 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
     return Partition(groups)
 
 
+def is_row_chain(group: Group) -> bool:
+    """Whether ``group`` is a row chain's group (``partition_groups``)."""
+    return group.reason.startswith(ROW_CHAIN.split(":")[0] + ":") and len(group.members) > 2
+
+
+def unchained(group: Group, why: str = "") -> list[Group]:
+    """A row chain's stages grouped as without the chain: its head, the stages between (one
+    group: the row reductions reduce the same rows, the element-wise stages are their
+    epilogues) and its tail, each reading what the one before it is still producing."""
+    note = f" (row chain not taken: {why})" if why else ""
+    members = group.members
+    return [Group(members[:1], reason=group.reason.split(":")[0] + " not taken" + (f": {why}" if why else "")),
+            Group(members[1:-1], reason=f"reduction over data the previous kernel is still producing{note}"),
+            Group(members[-1:], reason=f"reduction over data the previous kernel is still producing{note}")]
+
+
 def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
     """Schedule feedback: ``why_not`` says why the group cannot be scheduled as one kernel as
     well as its anchor alone (None: it can). Such a group gives up its last member, which
     becomes a group of its own with the reason (both are then judged again, the head first);
-    a single stage keeps the reason. Returns ``[group]`` when it stays as it is."""
+    a single stage keeps the reason; a row chain falls apart into the groups it would have
+    been without the chain (``unchained``). Returns ``[group]`` when it stays as it is."""
+    if why_not is not None and is_row_chain(group):
+        return unchained(group, why_not)
     if why_not is None or len(group.members) == 1:
         if why_not is not None:
             group.reason += f"; cannot be scheduled: {why_not}"

@@ -31,7 +31,7 @@ from ..core.ir_names import FORM_ATTR, GEMM_TILE_ATTR, NOTE_ATTR, SOURCE_ATTR
 from ..core.structural import ByStructure
 from ..core.targets import is_cuda, make_target
 from ..errors import ScheduleError, StitchError
-from ..partition import by_time
+from ..partition import by_time, kernels
 from ..partition.groups import Group, outputs_of, readers_of
 from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
@@ -135,15 +135,17 @@ class ScheduleCache:
 
     def slower_fused(self, group: Group, func: tirx.PrimFunc, readers: dict) -> str | None:
         """Why ``group`` (its PrimFunc ``func``) is predicted slower as one kernel than as two, all
-        but its last member and that member, each a kernel of its own in a CUDA graph (an
+        but its last member and that member (a row chain: as the three groups it would be
+        without the chain, ``kernels.unchained``), each a kernel of its own in a CUDA graph (an
         estimate); None where it is not, or a form cannot be priced."""
-        head, tail = Group(group.members[:-1]), Group(group.members[-1:])
+        split = kernels.unchained(group) if kernels.is_row_chain(group) else \
+            [Group(group.members[:-1]), Group(group.members[-1:])]
         whole = self._alone_seconds(func)
-        parts = [self._alone_seconds(self.group_funcs(g, outputs_of(g, readers))[0]) for g in (head, tail)]
+        parts = [self._alone_seconds(self.group_funcs(g, outputs_of(g, readers))[0]) for g in split]
         if whole is None or None in parts or whole <= sum(parts):
             return None
         return (f"fused, the latency model predicts one kernel slower: {whole * 1e6:.1f} us, against "
-                f"{sum(parts) * 1e6:.1f} us as {head.name} then {tail.name} (its parallelism: "
+                f"{sum(parts) * 1e6:.1f} us as {' then '.join(g.name for g in split)} (its parallelism: "
                 f"{block_count(self(func).func)} blocks; estimates)")
 
     def _alone_seconds(self, func: tirx.PrimFunc) -> float | None:

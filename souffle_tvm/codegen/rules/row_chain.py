@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 
 from ...core import tir_stats
 from ...core.geometry import STATIC_SHARED_LIMIT, STITCH_BLOCK
+from ...te.rewrite import uses
 from .base import CUDAScheduleRule
 
-ROW_TILES = (32, 16, 8)     # rows a block holds, largest first
+# rows a block holds, in order of preference: 16 rows of 16 lanes at 256 threads (two rows a
+# warp; the combine adds 16 partials); 32 re-reads the tail's operand half as often, 8 pads least
+ROW_TILES = (16, 32, 8)
+STAGED_BYTES = 16 * 1024     # of the head's column operand in shared memory at a time
 
 
 class RowChain(CUDAScheduleRule):
@@ -21,7 +27,7 @@ class RowChain(CUDAScheduleRule):
     recomputed where they are read), so only the chain's inputs and the tail's output touch
     global memory. ``rows``: of ``ROW_TILES`` whose shared tiles fit the static limit and whose
     lanes fit a warp, the one that computes the fewest rows past the end of the row axis, then
-    the largest.
+    the first in ``ROW_TILES``' order.
 
     Applies to a function whose first block is a contraction over ``[*rows, L]``, whose last
     block contracts ``[*rows, N]`` over ``L``, and whose blocks between are element-wise over
@@ -55,11 +61,11 @@ class RowChain(CUDAScheduleRule):
         full = 1 + sum(1 for b, (_, red) in middle if b in kept and not red)
         elem = _elem_bytes(sch, blocks[0])
         fits = [r for r in ROW_TILES if r <= rows[-1] and self.threads % r == 0 and self.threads // r <= 32
-                and r * (full * length + len(kept)) * elem <= STATIC_SHARED_LIMIT]
+                and r * (full * length + len(kept)) * elem + STAGED_BYTES * 33 // 32 <= STATIC_SHARED_LIMIT]
         if not fits:
             return None
-        # the fewest rows computed past the end of a row block (49 rows: 7 blocks of 8), then the largest
-        tile = min(fits, key=lambda r: (-(-rows[-1] // r) * r, -r))
+        # the fewest rows computed past the end of the row axis (49 rows: 7 blocks of 8), then by preference
+        tile = min(fits, key=lambda r: (-(-rows[-1] // r) * r, ROW_TILES.index(r)))
         lanes = self.threads // tile
         for b, _ in middle:
             if b not in kept:
@@ -77,51 +83,81 @@ class RowChain(CUDAScheduleRule):
         tail = blocks[-1]
         *lead, r, n, k = sch.get_loops(tail)
         ro, ri = sch.split(r, [None, tile])
-        no, ni = sch.split(n, [None, lanes])
-        sch.reorder(*lead, ro, ri, ni, no, k)
+        sch.reorder(*lead, ro, ri, n, k)
         bx = sch.fuse(*lead, ro)
         sch.bind(bx, "blockIdx.x")
-        sch.bind(ri, "threadIdx.y")
-        sch.bind(ni, "threadIdx.x")
-        acc = sch.cache_write(tail, 0, "local")
-        sch.reverse_compute_at(acc, no)
+        _micro_tile(sch, tail, ri, n, k, tile, self.threads)
         on_chip = [blocks[0]] + [x for b in kept for x in ([parts[b]] if b in parts else []) + [b]]
         for b in reversed(on_chip):                # consumers first: each lands before what reads it
             sch.compute_at(b, bx, preserve_unit_loops=True)
             sch.set_scope(b, 0, "shared")
+        # one thread dimension, as a stitched kernel launches: each stage maps the flat thread index
         for b in kept:
             if b in parts:
                 # rfactor puts the lane axis first: the partial's loops are (lane, *rows, share),
-                # the combine's (lane, *rows)
+                # the combine's (lane, *rows); thread t is lane t % lanes of row t // lanes
                 lp = sch.get_loops(parts[b])[-(len(rows) + 2):]
-                sch.reorder(lp[-2], lp[0])
-                sch.bind(lp[-2], "threadIdx.y")
-                sch.bind(lp[0], "threadIdx.x")
+                sch.reorder(*lp[1:-2], lp[-2], lp[0])
+                t = sch.fuse(lp[-2], lp[0])
+                sch.bind(t, "threadIdx.x")
                 # sums in registers, stored once: a barrier can go after, not inside, the loops
-                sch.reverse_compute_at(sch.cache_write(parts[b], 0, "local"), lp[0])
+                sch.reverse_compute_at(sch.cache_write(parts[b], 0, "local"), t)
                 lp = sch.get_loops(b)[-(len(rows) + 1):]
-                sch.reorder(lp[-1], lp[0])
+                sch.reorder(*lp[1:-1], lp[-1], lp[0])
                 # thread t < tile combines row t's partials; the rest of the block waits
-                _, flat = sch.split(lp[-1], [None, tile * lanes])
-                ty, tx = sch.split(flat, [tile, lanes])
-                sch.bind(ty, "threadIdx.y")
-                sch.bind(tx, "threadIdx.x")
-                sch.reverse_compute_at(sch.cache_write(b, 0, "local"), tx)
+                _, t = sch.split(lp[-1], [None, self.threads])
+                sch.bind(t, "threadIdx.x")
+                sch.reverse_compute_at(sch.cache_write(b, 0, "local"), t)
                 continue
-            rr, cc = sch.get_loops(b)[-2:]         # rows, columns
-            co, ci = sch.split(cc, [None, lanes])
-            sch.reorder(rr, ci, co)
-            sch.bind(rr, "threadIdx.y")
-            sch.bind(ci, "threadIdx.x")
+            rr, cc = sch.get_loops(b)[-2:]         # rows, columns: consecutive threads, consecutive columns
+            _, t = sch.split(sch.fuse(rr, cc), [None, self.threads])
+            sch.bind(t, "threadIdx.x")
         head = blocks[0]
         rr, cc, kk = sch.get_loops(head)[-3:]
-        co, ci = sch.split(cc, [None, lanes])
-        sch.reorder(rr, ci, co, kk)
-        sch.bind(rr, "threadIdx.y")
-        sch.bind(ci, "threadIdx.x")
-        acc = sch.cache_write(head, 0, "local")
-        sch.reverse_compute_at(acc, co)
+        col = [iv.var for iv in sch.get(head).iter_vars if iv.iter_type != tirx.IterVar.CommReduce][-1]
+        staged = [i for i, r in enumerate(sch.get(head).reads)
+                  if any(uses(x.min, [col]) for x in r.region)]
+        _micro_tile(sch, head, rr, cc, kk, tile, self.threads, staged[0] if len(staged) == 1 else None)
         return sch
+
+
+def _micro_tile(sch: s_tir.Schedule, block, rows, cols, summed, tile: int, threads: int,
+                stage: int | None = None) -> None:
+    """A contraction's ``tile`` x C block output over ``threads`` threads, each a micro-tile
+    of ``m`` rows by a run of consecutive columns (``c`` threads across the columns), summed in registers (each operand element it loads
+    serves ``m`` or C/``c`` products): ``m`` the largest of 4, 2, 1 whose ``c`` = threads x m /
+    tile column lanes the columns can use. ``stage``: the operand (read index) whose rows the
+    columns select is first copied to shared memory, ``STAGED_BYTES`` of it at a time (the
+    columns in chunks), by all threads in coalesced rows, its rows padded one word apart so that
+    lanes reading different rows hit different banks."""
+    extent = int(sch.get(cols).extent)
+    m = next((m for m in (4, 2, 1) if tile % m == 0 and threads * m // tile <= extent), 1)
+    lanes = threads * m // tile
+    outer = []
+    if stage is not None:
+        per_col = int(sch.get(summed).extent) * tir_stats.dtype_bytes(str(sch.get(block).reads[stage].source.ty.dtype))
+        chunk = max(lanes, STAGED_BYTES // per_col // lanes * lanes)
+        if chunk < extent:
+            outer, cols = sch.split(cols, [None, chunk])
+            outer = [outer]
+    rt, rm = sch.split(rows, [tile // m, m])
+    # a thread's columns consecutive: the box its registers are stored back from is exact
+    ci, co = sch.split(cols, [lanes, None])
+    sch.reorder(*outer, rt, ci, summed, co, rm)
+    t = sch.fuse(rt, ci)
+    sch.bind(t, "threadIdx.x")
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), t)
+    if stage is not None:
+        src = sch.get(block).reads[stage].source
+        around = sch.get_loops(block)
+        depth = next(i for i, lp in enumerate(around) if sch.get(lp).same_as(sch.get(outer[0]))) + 1 if outer else 1
+        copy = sch.cache_read(block, stage, "shared")
+        sch.compute_at(copy, around[depth - 1])
+        loops = sch.get_loops(copy)[depth:]
+        _, tc = sch.split(sch.fuse(*loops), [None, threads])
+        sch.bind(tc, "threadIdx.x")
+        elem = tir_stats.dtype_bytes(str(src.ty.dtype))
+        sch.storage_align(copy, 0, axis=len(src.ty.shape) - 2, factor=32, offset=max(1, 4 // elem))
 
 
 def _shape(sch: s_tir.Schedule, block) -> tuple[list[int], list[int]] | None:
