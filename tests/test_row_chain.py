@@ -156,3 +156,18 @@ def test_stitched_bert_reads_only_the_chain_inputs_from_global_memory():
                 assert counted["written_bytes"] == ctx
                 seen += 1
     assert seen == 2
+
+
+def test_a_chain_no_rule_schedules_falls_back_to_the_groups_without_it(monkeypatch):
+    """RowChain refusing the chain (planted): the partitioner's schedule feedback makes the
+    chain's head, its softmax and its tail three groups (TVM's own attention kernels), each
+    saying why, rather than peeling members off into a degraded group."""
+    from souffle_tvm.codegen.rules import RowChain
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    monkeypatch.setattr(RowChain, "apply", lambda self, func, target, tunable: None)
+    r = compile_model("bert", "cuda", "souffle", small=True, dtype="float16", level="v2", nvcc=False).report
+    names = [(g["name"], len(g["members"])) for g in r.groups]
+    assert names[1:4] == [("matmul", 1), ("T_softmax_maxelem", 4), ("matmul", 1)], names
+    assert r.groups[1]["reason"].startswith("row chain not taken: fused, dlight schedules it with")
+    assert all("row chain not taken" in g["reason"] for g in r.groups[2:4])

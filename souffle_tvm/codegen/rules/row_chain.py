@@ -117,7 +117,10 @@ class RowChain(CUDAScheduleRule):
         col = [iv.var for iv in sch.get(head).iter_vars if iv.iter_type != tirx.IterVar.CommReduce][-1]
         staged = [i for i, r in enumerate(sch.get(head).reads)
                   if any(uses(x.min, [col]) for x in r.region)]
-        _micro_tile(sch, head, rr, cc, kk, tile, self.threads, staged[0] if len(staged) == 1 else None)
+        # staged only where row blocks tile the rows exactly: under the guard of a ragged last
+        # row block TVM cannot bound the operand's box to the block's own head
+        stage = staged[0] if len(staged) == 1 and rows[-1] % tile == 0 else None
+        _micro_tile(sch, head, rr, cc, kk, tile, self.threads, stage)
         return sch
 
 
