@@ -7,6 +7,7 @@ A rule's ``apply(func, target, tunable)`` returns a ``tvm.s_tir.Schedule`` when 
 from __future__ import annotations
 
 import tvm
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
 from ...core.targets import is_cuda
@@ -20,3 +21,11 @@ class CUDAScheduleRule(GPUScheduleRule):
     def is_target_available(self, target: tvm.target.Target) -> bool:
         return super().is_target_available(target) and is_cuda(target)
 
+
+    def root_blocks(self, func, target) -> tuple[s_tir.Schedule, list] | None:
+        """A schedule of ``func`` and its root's child blocks, where the rule may look at it (a
+        PrimFunc, a CUDA target); None otherwise: what every rule's ``apply`` starts from."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        return sch, sch.get_child_blocks(sch.get_sblock("root"))

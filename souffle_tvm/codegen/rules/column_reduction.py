@@ -26,10 +26,10 @@ class ColumnReduction(CUDAScheduleRule):
         self.block_size = block_size
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = self.root_blocks(func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        sch, blocks = opened
         if len(blocks) != 1:
             return None
         block = sch.get(blocks[0])

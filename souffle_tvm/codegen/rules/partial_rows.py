@@ -18,10 +18,10 @@ class PartialRows(CUDAScheduleRule):
     (those are ``AtomicRows``')."""
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = self.root_blocks(func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        sch, blocks = opened
         tiles = {int(sch.get(b).annotations.get(TILE_ATTR, 0)) for b in blocks}
         if len(tiles) != 1 or 0 in tiles or any(ATOMIC_ATTR in sch.get(b).annotations for b in blocks):
             return None

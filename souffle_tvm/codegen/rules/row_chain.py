@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from tvm import s_tir, tirx
 
 from ...core import tir_stats
@@ -37,10 +35,10 @@ class RowChain(CUDAScheduleRule):
         self.threads = threads
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = self.root_blocks(func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        sch, blocks = opened
         shapes = [_shape(sch, b) for b in blocks]
         if len(blocks) < 3 or any(s is None for s in shapes):
             return None

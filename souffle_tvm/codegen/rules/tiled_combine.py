@@ -26,10 +26,10 @@ class TiledCombine(CUDAScheduleRule):
         self.threads = threads
 
     def apply(self, func: tirx.PrimFunc, target, tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = self.root_blocks(func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        sch, blocks = opened
         names = [sch.get(b).name_hint for b in blocks]
         combines = [n for n, b in zip(names, blocks) if COMBINE_TILE_ATTR in sch.get(b).annotations]
         tiles = {int(sch.get(sch.get_sblock(n)).annotations[COMBINE_TILE_ATTR]) for n in combines}
