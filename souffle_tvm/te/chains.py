@@ -18,7 +18,7 @@ any other block's data: the scores never need to leave the chip.
 * at least one stage between reduces whole rows (else the chain is a GEMM → GEMM pair, whose
   rows are better split than held: nothing waits for a whole row);
 * no tensor of the chain but the tail's is read after it, and ``L`` is short enough that a
-  few rows of the two full-length tensors a block keeps fit in shared memory (``MAX_ROW``).
+  few rows of the two full-length tensors a block keeps fit in shared memory (``MAX_ROW_BYTES``).
 
 A chain is a candidate: the partitioner makes it one kernel group (``partition.kernels``),
 two-phase splitting leaves its reductions whole (``transforms.two_phase``), and its schedule
@@ -68,7 +68,7 @@ def _is_contraction(op) -> bool:
     return isinstance(op, te.ComputeOp) and analysis.classify(op)[1] == "contraction"
 
 
-def _reads_rows(op: te.ComputeOp, members: set, rows: int, length: int) -> bool | None:
+def _reads_rows(op: te.ComputeOp, members: set, rows: int) -> bool | None:
     """Whether every read of a chain tensor in ``op`` is row-local (None: it reads none).
     A full-length tensor is read at ``(*rows, j)``, ``j`` the op's last axis or its summed
     axis; a per-row tensor (a reduction's result) at ``rows``."""
@@ -105,7 +105,7 @@ def _chain_from(stages: list[te.Tensor], start: int, readers: dict) -> RowChain 
         op = t.op
         if not isinstance(op, te.ComputeOp):
             return None
-        reads = _reads_rows(op, members, len(rows), length)
+        reads = _reads_rows(op, members, len(rows))
         if not reads:             # None: a stage between that is not the chain's (not contiguous)
             return None
         out = _shape(t)
