@@ -17,15 +17,17 @@ STAGED_BYTES = 16 * 1024     # of the head's column operand in shared memory at 
 
 class RowChain(CUDAScheduleRule):
     """A group ``head → row stages → tail`` (``te.chains``; ``Q Kᵀ`` → softmax → ``P V``): one
-    block per ``rows`` rows of the row space (a head's row block in attention), ``threads`` as
-    ``rows`` x ``lanes``. The block computes its rows of the head whole (each lane a strided
-    share of the columns, accumulated in a register), reduces them with a cross-lane reduction
-    per row, normalises them, and contracts them in the tail; the head's rows, each row
-    reduction and the tail's operand live in shared memory (element-wise stages between are
-    recomputed where they are read), so only the chain's inputs and the tail's output touch
-    global memory. ``rows``: of ``ROW_TILES`` whose shared tiles fit the static limit and whose
-    lanes fit a warp, the one that computes the fewest rows past the end of the row axis, then
-    the first in ``ROW_TILES``' order.
+    block per ``rows`` rows of the row space (a head's row block in attention) on one flat
+    thread dimension, as a stitched kernel launches. The block computes its rows of the head
+    whole (micro-tiles summed in registers, the head's column operand staged in shared memory,
+    ``_micro_tile``), reduces each row in two steps (every one of ``threads / rows`` lanes a
+    share into a shared partial, then one thread per row), normalises the rows and contracts
+    them in the tail (micro-tiled too); the head's rows, the row partials and results and the
+    tail's operand live in shared memory (element-wise stages between are recomputed where they
+    are read), so only the chain's inputs and the tail's output touch global memory. ``rows``:
+    of ``ROW_TILES`` whose shared tiles fit the static limit and whose lanes fit a warp, the one
+    that computes the fewest rows past the end of the row axis, then the first in
+    ``ROW_TILES``' order.
 
     Applies to a function whose first block is a contraction over ``[*rows, L]``, whose last
     block contracts ``[*rows, N]`` over ``L``, and whose blocks between are element-wise over
