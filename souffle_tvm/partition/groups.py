@@ -22,6 +22,7 @@ class Group:
     members: list[te.Tensor] = field(default_factory=list)
     opaque: OpaqueStage | None = None
     reason: str = ""           # why this group starts here (the boundary before it)
+    row_chain: bool = False    # a row chain (``te.chains``) made one group
 
     @property
     def anchor(self) -> te.Tensor | None:

@@ -109,15 +109,15 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
         prods = producers(op)
         chain = chain_of.get(op)
         if chain is not None and not op.same_as(chain.head.op):
-            if current is not None and current.members[0].op.same_as(chain.head.op):
+            if current is not None and current.row_chain:
                 current.members.append(t)
                 continue
             reason = "a row chain broken by an opaque op"
-        elif current is not None and any(m.op in chain_of and not m.op.same_as(chain_of[m.op].tail.op)
-                                         for m in current.members):
+        elif current is not None and current.row_chain:
             reason = "after a row chain"      # the chain's group is its own kernel
         elif chain is not None:
-            reason = ROW_CHAIN.format(head=op.name, tail=chain.tail.op.name)
+            groups.append(Group([t], reason=ROW_CHAIN.format(head=op.name, tail=chain.tail.op.name), row_chain=True))
+            continue
         elif current is None:
             reason = "start" if not groups else "after an opaque op"
         # Producers outside ``members`` belong to earlier kernels, whose results are complete in
@@ -147,8 +147,8 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
 
 
 def is_row_chain(group: Group) -> bool:
-    """Whether ``group`` is a row chain's group (``partition_groups``)."""
-    return group.reason.startswith(ROW_CHAIN.split(":")[0] + ":") and len(group.members) > 2
+    """Whether ``group`` holds a row chain whole (an opaque op may have broken one off after its head)."""
+    return group.row_chain and len(group.members) > 2
 
 
 def unchained(group: Group, why: str = "") -> list[Group]:
@@ -156,10 +156,10 @@ def unchained(group: Group, why: str = "") -> list[Group]:
     group: the row reductions reduce the same rows, the element-wise stages are their
     epilogues) and its tail, each reading what the one before it is still producing."""
     note = f" (row chain not taken: {why})" if why else ""
+    later = f"reduction over data the previous kernel is still producing{note}"
     members = group.members
-    return [Group(members[:1], reason=group.reason.split(":")[0] + " not taken" + (f": {why}" if why else "")),
-            Group(members[1:-1], reason=f"reduction over data the previous kernel is still producing{note}"),
-            Group(members[-1:], reason=f"reduction over data the previous kernel is still producing{note}")]
+    return [Group(members[:1], reason="row chain not taken" + (f": {why}" if why else "")),
+            Group(members[1:-1], reason=later), Group(members[-1:], reason=later)]
 
 
 def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
