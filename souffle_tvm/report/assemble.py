@@ -130,8 +130,10 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
                  else latency.Stage(*geometry, nbytes, flops))
         # the function's first region carries its bytes: every region's on-chip reads come off there
-        onchip = sorted({pos for j in run_of.get(i, [i]) for pos in (sk.onchip[j] if j < len(sk.onchip) else [])}) \
-            if first and func is not None else []
+        run = run_of.get(i, [i]) if first and func is not None else []
+        # a resident input's first reader reads what its fill copies, not its own footprint of it
+        filled = {pos: b for j in run for pos, b in (sk.filled[j] if j < len(sk.filled) else {}).items()}
+        onchip = sorted({pos for j in run for pos in (sk.onchip[j] if j < len(sk.onchip) else [])} - set(filled))
         footprint = result.footprints.get(st.function, {})
         # a position past the parameters is a global scratch buffer between the function's kernels
         scratch = tir_stats.global_scratch_buffers(func) if onchip else []
@@ -140,7 +142,9 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
                     for pos in onchip if pos - len(func.params) < len(scratch))
         unwritten = sum(tir_stats.buffer_bytes(func.params[pos]) for pos in onchip
                         if pos in tir_stats.stored_positions(func)) if onchip else 0
-        stage = dataclasses.replace(stage, bytes=stage.bytes - saved, written_bytes=max(stage.written_bytes - unwritten, 0))
+        refill = sum(b - footprint.get(pos, tir_stats.buffer_bytes(func.params[pos])) for pos, b in filled.items())
+        stage = dataclasses.replace(stage, bytes=stage.bytes - saved + refill,
+                                    written_bytes=max(stage.written_bytes - unwritten, 0))
         if not first:      # only a function's first region carries what it stores
             stage = dataclasses.replace(stage, written_bytes=0)
         plan.append({**dataclasses.asdict(stage), **({"onchip_bytes": saved} if saved else {})})

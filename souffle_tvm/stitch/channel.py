@@ -62,7 +62,7 @@ class Channel:
 
 def plan(views: list[dependence.StageView], args: list[list], access: list[tuple[list, list]],
          needs: list[str], param_of: dict, private: Callable[[Hashable], bool],
-         own_shared: list[int], grid: int) -> tuple[list[Channel], list[tuple[int, int]], list]:
+         own_shared: list[int], grid: int, reserved: int = 0) -> tuple[list[Channel], list[tuple[int, int]], list]:
     """The channels of a stitched kernel on ``grid`` blocks, the stage spans ``(first, last)``
     to fuse for them, and ``views`` with the channels' accesses rebased onto them.
 
@@ -70,7 +70,8 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
     parameter whether it reads and writes it; ``needs[i]``: the barrier stage ``i`` needs
     before it (``dependence``); ``private(key)``: the tensor is made here and not read after
     the kernel; ``own_shared[i]``: the shared bytes stage ``i`` allocates itself. The channels
-    live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED_LIMIT``).
+    live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED_LIMIT``)
+    less ``reserved`` (the kernel's other shared buffers: ``resident`` copies).
     """
     n = len(views)
     seg = [0] * n      # stages of one segment: no grid sync between them, as many blocks
@@ -103,7 +104,7 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
             channels.append(Channel(k, w, local, box, tirx.decl_buffer(shape, str(buf.ty.dtype), f"{buf.name}_onchip",
                                                                        scope="shared"), resident, dual))
     kept, views = [], list(views)
-    for ch in _within_budget(channels, own_shared):
+    for ch in _within_budget(channels, own_shared, STATIC_SHARED_LIMIT - reserved):
         try:        # every access of the tensor moves on chip, or the channel is dropped
             moved = {i: rebase(views[i].body, param_of[ch.key], ch, i == ch.writer) for i in [ch.writer] + ch.readers}
         except ValueError:      # reached other than by loads and stores (an address taken)
@@ -114,9 +115,9 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
     return kept, _merge([[ch.writer, max(ch.readers)] for ch in kept if not ch.resident]), views
 
 
-def _within_budget(channels: list[Channel], own_shared: list[int]) -> list[Channel]:
+def _within_budget(channels: list[Channel], own_shared: list[int], limit: int) -> list[Channel]:
     """Channels taken in order while, with the resident ones and each fused span's, the
-    hungriest stage's own shared memory fits ``STATIC_SHARED_LIMIT``."""
+    hungriest stage's own shared memory fits ``limit``."""
     kept: list[Channel] = []
     for ch in channels:
         trial = kept + [ch]
@@ -124,7 +125,7 @@ def _within_budget(channels: list[Channel], own_shared: list[int]) -> list[Chann
         resident = sum(c.bytes for c in trial if c.resident)
         fused = [sum(c.bytes for c in trial if not c.resident and a <= c.writer <= b) + max(own_shared[a:b + 1])
                  for a, b in spans]
-        if resident + max(fused + [max(own_shared)]) <= STATIC_SHARED_LIMIT:
+        if resident + max(fused + [max(own_shared)]) <= limit:
             kept.append(ch)
     return kept
 

@@ -193,6 +193,46 @@ def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]
     return None
 
 
+def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list | None:
+    """One box ``[(base, extent)]`` per virtual block holding every load each reader (``(view, its
+    name for the buffer)``) makes of a buffer of ``shape``, with constant extents and inside the
+    buffer for every virtual block; None if there is none (a load unbounded over its loops and
+    threads, a corner that moves other than with ``VB``, a vector or address access).
+
+    The loads are bounded over their loops and threads, guards ignored: the box may hold more
+    than a block reads, never less (what ``resident`` fills a block's copy of a weight with). A
+    box that would run past the buffer's end (a guarded tile at the edge) ends there instead."""
+    ana = arith.Analyzer()
+    ana.bind(VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(readers[0][0].blocks, "int64")))
+    bounds = []          # per load: per dimension (lowest, highest index), in VB
+    for view, buf in readers:
+        stores, loads = _accesses(view.body, buf)
+        if stores or not loads or any(not ld.indices or any("x" in str(i.ty) for i in ld.indices) for ld in loads):
+            return None
+        for ld in loads:
+            dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in ld.loops.items()}
+            dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
+            sets = [ana.int_set(_i64(idx), dom) for idx in ld.indices]
+            bounds.append([(s.min_value, s.max_value) for s in sets])
+    box = []
+    for d, size in enumerate(shape):
+        base = ana.simplify(bounds[0][d][0])
+        offsets = [(ana.simplify(lo - base), ana.simplify(hi - base)) for lo, hi in (b[d] for b in bounds)]
+        if not all(isinstance(x, tirx.IntImm) for pair in offsets for x in pair):
+            return None
+        low, high = min(int(lo) for lo, _ in offsets), max(int(hi) for _, hi in offsets)
+        corner = ana.simplify(base + tirx.const(low, "int64"))
+        extent = high - low + 1
+        if extent > size or not ana.can_prove(corner >= 0):
+            return None
+        if not ana.can_prove(corner + extent <= size):
+            # a guarded tile at the buffer's end: what it reads is inside the buffer and from the
+            # corner on, so inside the box moved back to end at the buffer's end
+            corner = tirx.min(corner, tirx.const(size - extent, "int64"))
+        box.append((corner, extent))
+    return box
+
+
 ATOMIC_ADD = "tirx.cuda.atomic_add"
 
 

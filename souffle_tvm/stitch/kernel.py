@@ -21,10 +21,10 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from . import channel, dependence, rolling
+from . import channel, dependence, resident, rolling
 from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
 from .lower import LoweredStage, wide_thread
-from ..core import estimate
+from ..core import estimate, tir_stats
 from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like
@@ -36,6 +36,7 @@ class Stitched(NamedTuple):
     stacks: list                   # the stacked buffers (``rolling.Stack``)
     channels: list                 # the tensors kept on chip (``channel.Channel``)
     order: list[int]               # per stage in kernel order: its index in ``stages`` as given
+    residents: list                # the inputs each block keeps a copy of (``resident.Resident``)
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
@@ -51,7 +52,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     of a stacked buffer: made here, not used after the kernel), runs of repeated stages become
     loops (``rolling``). With ``private`` (which tensors are made here and not read after the
     kernel), a block-local one becomes a per-block shared buffer, its producer and consumers
-    fused into one grid-stride loop (``channel``). Returns the function, per stage whether a
+    fused into one grid-stride loop (``channel``), and an input several stages read the same
+    box of per block is copied into each block's shared memory once (``resident``). Returns the function, per stage whether a
     grid sync precedes it, the stacked buffers (``rolling.Stack``: parameters after those of
     ``param_keys``, which no longer include the keys they stack) and the channels (whose keys
     are no parameters either, except a ``dual`` one's). ``min_blocks``: the register cap, as the blocks per SM
@@ -68,11 +70,18 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     tid = tirx.Var("threadIdx_x", "int64")
     views = [_on_kernel_params(st, keys, param_of, tid) for st, keys in zip(stages, args)]
     needs = _barriers(stages, args, access, views, param_of, block)
-    channels, spans, views = (channel.plan(views, args, access, needs, param_of, private,
-                                           [estimate.stage(v.body).shared_bytes for v in views], grid)
+    own_shared = [estimate.stage(v.body).shared_bytes for v in views] if private is not None else []
+    # inputs re-read by several stages first (an LSTM layer's weights: a copy spares a read per
+    # step), then the produced tensors in what shared memory is left
+    residents, views = (resident.plan(views, args, access, needs, param_of, own_shared, grid, block)
+                        if private is not None else ([], views))
+    copies = list({id(r.buffer): r.buffer for r in residents}.values())
+    channels, spans, views = (channel.plan(views, args, access, needs, param_of, private, own_shared, grid,
+                                           sum(tir_stats.buffer_bytes(b) for b in copies))
                               if private is not None else ([], [], views))
     gone = {ch.key for ch in channels if not ch.dual}
-    resident_reads = [any(ch.resident and i in ch.readers for ch in channels) for i in range(len(stages))]
+    resident_reads = [any(ch.resident and i in ch.readers for ch in channels) or any(i in r.readers for r in residents)
+                      for i in range(len(stages))]
     syncs = [need == dependence.GRID for need in needs]
     pres = [tirx.Evaluate(tvm.backend.cuda.op.cuda_grid_sync()) if need == dependence.GRID
             else dependence.block_barrier() if need == dependence.BLOCK else None for need in needs]
@@ -107,8 +116,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         params = [param_of[k] for k in keys if k not in stacked] + [s.var for s in stacks]
     else:
         seq = [x for pre, stage in items for x in ((pre, stage) if pre is not None else (stage,))]
-    # resident channels: one per block for the whole kernel, across its grid syncs
-    seq = [tirx.AllocBuffer(ch.buffer) for ch in channels if ch.resident] + seq
+    # resident channels and inputs' copies: one per block for the whole kernel, across its grid syncs
+    seq = [tirx.AllocBuffer(b) for b in [ch.buffer for ch in channels if ch.resident] + copies] + seq
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
@@ -121,7 +130,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if min_blocks:
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
-    return Stitched(func, syncs, stacks, channels, order)
+    return Stitched(func, syncs, stacks, channels, order, residents)
 
 
 def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:

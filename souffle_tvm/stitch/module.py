@@ -17,6 +17,7 @@ from . import lower, rolling
 from .check import SafetyReport, check
 from .kernel import stitch
 from ..codegen.emit import is_group_call
+from ..core import tir_stats
 from ..core.geometry import STITCH_BLOCK
 from ..errors import StitchError
 
@@ -49,6 +50,9 @@ class StitchedKernel:
     # per entry of ``stages``: the positions of its parameters kept on chip (``channel``)
     onchip: list[list[int]] = field(default_factory=list)
     onchip_bytes: int = 0          # per block: the shared memory those channels take
+    resident_bytes: int = 0        # per block: the shared memory its inputs' copies take (``resident``)
+    resident_inputs: list[str] = field(default_factory=list)   # the inputs copied, by name
+    filled: list[dict] = field(default_factory=list)   # per entry of ``stages``: {position: bytes its fills read}
 
 
 def function_runs(stage_ids: list[StageId]) -> list[list[int]]:
@@ -236,7 +240,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
             leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
     private = lambda k: isinstance(k, Produced) and k not in leaves  # noqa: E731 - made here, read nowhere after
-    func, syncs, stacks, channels, order = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa]
+    func, syncs, stacks, channels, order, residents = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa]
                                                     for fa in args],
                                            grid, block, name=name, target=target, param_keys=keys,
                                            stackable=private, min_blocks=min_blocks,
@@ -271,15 +275,33 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           geometry=[(st.num_blocks, st.num_threads) for st in stages], min_blocks=min_blocks,
                           block=block, stage_funcs={ident.function: stage_funcs[ident.function] for ident in ids
                                                     if ident.function in stage_funcs},
-                          onchip=_onchip_positions(channels, order, args), onchip_bytes=sum(ch.bytes for ch in channels))
+                          onchip=_onchip_positions(channels, residents, order, args),
+                          onchip_bytes=sum(ch.bytes for ch in channels),
+                          resident_bytes=sum(tir_stats.buffer_bytes(b) for b in {id(r.buffer): r.buffer
+                                                                                  for r in residents}.values()),
+                          resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args))
 
 
-def _onchip_positions(channels: list, order: list[int], args: list[list]) -> list[list[int]]:
+def _filled(residents: list, order: list[int], args: list[list]) -> list[dict[int, int]]:
+    """Per stage (in ``args``' order): {parameter position: the bytes its fills read} where it is
+    a resident input's first reader (its fill may read more of the input than the stage would)."""
+    out: list[dict[int, int]] = [{} for _ in args]
+    for r in residents:
+        stage = order[r.readers[0]]
+        for j, x in enumerate(args[stage]):
+            if not isinstance(x, Produced) and ExprKey(x) == r.key:
+                out[stage][j] = r.filled_bytes
+    return out
+
+
+def _onchip_positions(channels: list, residents: list, order: list[int], args: list[list]) -> list[list[int]]:
     """Per stage (in ``args``' order), the positions of the parameters whose global traffic it no
-    longer makes: a channel's readers, and its writer unless the tensor is written out too."""
+    longer makes: a channel's readers, and its writer unless the tensor is written out too; a
+    resident input's readers after the first (which fills the copy)."""
     out: list[list[int]] = [[] for _ in args]
-    for ch in channels:
-        for i in ch.readers + ([] if ch.dual else [ch.writer]):
+    for key, stages in [(ch.key, ch.readers + ([] if ch.dual else [ch.writer])) for ch in channels] + \
+            [(r.key, r.readers[1:]) for r in residents]:
+        for i in stages:
             stage = order[i]
-            out[stage] += [j for j, x in enumerate(args[stage]) if isinstance(x, Produced) and x == ch.key]
+            out[stage] += [j for j, x in enumerate(args[stage]) if (x if isinstance(x, Produced) else ExprKey(x)) == key]
     return [sorted(set(p)) for p in out]
