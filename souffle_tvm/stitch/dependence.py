@@ -200,8 +200,7 @@ def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list 
     threads, a corner that moves other than with ``VB``, a vector or address access).
 
     The loads are bounded over their loops and threads, guards ignored: the box may hold more
-    than a block reads, never less (what ``resident`` fills a block's copy of a weight with). A
-    box that would run past the buffer's end (a guarded tile at the edge) ends there instead."""
+    than a block reads, never less (what ``resident`` fills a block's copy of a weight with)."""
     ana = arith.Analyzer()
     ana.bind(VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(readers[0][0].blocks, "int64")))
     bounds = []          # per load: per dimension (lowest, highest index), in VB
@@ -223,12 +222,8 @@ def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list 
         low, high = min(int(lo) for lo, _ in offsets), max(int(hi) for _, hi in offsets)
         corner = ana.simplify(base + tirx.const(low, "int64"))
         extent = high - low + 1
-        if extent > size or not ana.can_prove(corner >= 0):
-            return None
-        if not ana.can_prove(corner + extent <= size):
-            # a guarded tile at the buffer's end: what it reads is inside the buffer and from the
-            # corner on, so inside the box moved back to end at the buffer's end
-            corner = tirx.min(corner, tirx.const(size - extent, "int64"))
+        if not (ana.can_prove(corner >= 0) and ana.can_prove(corner + extent <= size)):
+            return None       # (a guarded tile at the buffer's edge: its guard is not read here)
         box.append((corner, extent))
     return box
 

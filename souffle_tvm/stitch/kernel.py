@@ -76,6 +76,9 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     residents, views = (resident.plan(views, args, access, needs, param_of, own_shared, grid, block)
                         if private is not None else ([], views))
     copies = list({id(r.buffer): r.buffer for r in residents}.values())
+    for r in residents:     # a later reader sees the fill behind a barrier of its own (what the check proves)
+        for i in r.readers[1:]:
+            needs[i] = dependence.stronger(needs[i], dependence.BLOCK)
     channels, spans, views = (channel.plan(views, args, access, needs, param_of, private, own_shared, grid,
                                            sum(tir_stats.buffer_bytes(b) for b in copies))
                               if private is not None else ([], [], views))

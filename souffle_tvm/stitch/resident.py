@@ -109,21 +109,27 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
         nbytes = size * tir_stats.dtype_bytes(dtype)
         if reuse is None and nbytes > budget:
             continue
-        if reuse is None:
-            copy = tirx.decl_buffer([size], dtype, f"{buf.name}_resident", scope="shared")
-            budget -= nbytes
-        else:
-            copy, _ = free[(size, dtype)].pop(reuse)
+        copy = (tirx.decl_buffer([size], dtype, f"{buf.name}_resident", scope="shared") if reuse is None
+                else free[(size, dtype)][reuse][0])
         res = Resident(k, list(rs), box, copy, str(buf.name), _union(box, views[rs[0]].blocks, buf))
         try:
-            moved = {r: rebase(views[r].body, buf, res) for r in rs}
+            moved = {r: dataclasses.replace(views[r], body=rebase(views[r].body, buf, res)) for r in rs}
         except ValueError:        # reached other than by loads (an address taken): left in global memory
             continue
-        for r, body in moved.items():
-            views[r] = dataclasses.replace(views[r], body=body)
         first = views[rs[0]]
-        views[rs[0]] = dataclasses.replace(first, body=tirx.SeqStmt([fill(res, buf, first.tid, block),
-                                                                     dependence.block_barrier(), first.body]))
+        filler = fill(res, buf, first.tid, block)
+        # what the static check will ask: every later read of the copy inside what the fill wrote
+        by_fill = dependence.StageView(filler, first.tid, first.blocks, block)
+        if any(dependence.barrier_needed(by_fill, copy, moved[r], copy) == dependence.GRID for r in rs[1:]):
+            continue
+        if reuse is None:
+            budget -= nbytes
+        else:
+            free[(size, dtype)].pop(reuse)
+        for r, view in moved.items():
+            views[r] = view
+        views[rs[0]] = dataclasses.replace(moved[rs[0]], body=tirx.SeqStmt([filler, dependence.block_barrier(),
+                                                                            moved[rs[0]].body]))
         free.setdefault((size, dtype), []).append((copy, rs[-1]))
         chosen.append(res)
     return chosen, views
