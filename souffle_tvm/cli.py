@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action="store_true",
                    help="CUDA: build with TVM's CUDA-graph rewriting (kernels on static buffers replayed from "
                         "graphs; the report counts the launches left outside)")
+    p.add_argument("--off-chip", action="store_true",
+                   help="--fusion souffle: keep every intermediate and weight in global memory (no on-chip "
+                        "channels, row chains or resident weights), for comparison")
     p.add_argument("--count-traffic", action="store_true",
                    help="CUDA: run the built kernels in the GPU emulator (on the CPU) and report the traffic they "
                         "execute beside the analytic bytes: distinct bytes, 32-byte sectors per warp request "
@@ -294,7 +297,8 @@ def cmd_compile(args) -> int:
                              dtype=args.dtype, shapes=_parse_shapes(args.input_shapes), nvcc=not args.no_nvcc,
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
                              reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
-                             cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile, count_traffic=args.count_traffic)
+                             cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile, count_traffic=args.count_traffic,
+                             onchip=not args.off_chip)
     print(compiled.report.table())
     if compiled.report.counted:
         c = compiled.report.counted

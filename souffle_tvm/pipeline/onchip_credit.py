@@ -9,6 +9,11 @@ of equal block count, the two groups' lowered stages stitched alone (``kernel.st
 which of the consumer's reads become channels, and the consumer's footprint of those tensors
 is its credit. Only the reader's side is credited (the producer still writes the tensor when
 someone outside the window reads it, which the window does not know): a lower bound.
+
+A weight read by several groups (an LSTM layer's recurrent weights, once a step) is credited
+the same way: each reader after the first reads the block's copy (``stitch.resident``) when the
+first is in the window, so its footprint of the weight is its credit, with that first reader
+as the "producer". The larger of a group's two credits counts.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from tvm import relax
 
 from ..core import estimate, hardware, tir_stats
 from ..errors import StitchError
-from ..stitch import kernel
+from ..core.geometry import STATIC_SHARED_LIMIT
+from ..stitch import kernel, resident
 
 
 def _outputs(calls) -> dict:
@@ -81,7 +87,50 @@ def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, low
                 asked[pair] = _saved(sp, sg, _keys(calls, p, outputs), keys_g, raw.func(g), target, block, gpu)
             if asked[pair] and (out[g] is None or asked[pair] > out[g][1]):
                 out[g] = (p, asked[pair])
+    for g, credit in _resident_credits(calls, raw, lowered, block, gpu).items():
+        if out[g] is None or credit[1] > out[g][1]:
+            out[g] = credit
     return out
+
+
+def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) -> dict[int, tuple[int, int]]:
+    """Per group, what it reads on chip as a later reader of a weight copied into each block's
+    shared memory (``stitch.resident``): (the weight's first reader, the group's footprint of it),
+    where the weight is read by at least ``resident.MIN_READERS`` groups, the group is one stage
+    with no more blocks than can be resident, and its per-block share fits the static limit
+    beside the stage's own shared memory (the stitcher proves the rest, or reads global memory)."""
+    bound = {b.var for b in calls.bindings}       # a weight is a constant or a parameter of main
+    readers: dict = {}          # weight expression -> its reader groups in order
+    args_of = {}
+    for g in range(len(calls.groups)):
+        call = calls.calls[calls.call_index[g]]
+        args_of[g] = list(call.args[1].fields)
+        for a in args_of[g]:
+            if isinstance(a, tvm.ir.Constant) or (isinstance(a, relax.Var) and a not in bound):
+                groups = readers.setdefault(a, [])
+                if not groups or groups[-1] != g:
+                    groups.append(g)
+    footprints: dict = {}
+    out: dict[int, tuple[int, int]] = {}
+    for weight, groups in readers.items():
+        if len(groups) < resident.MIN_READERS:
+            continue
+        for g in groups[1:]:
+            stages = lowered[g] if g < len(lowered) else None
+            if stages is None or len(stages) != 1:
+                continue
+            est = estimate.stage(stages[0].body)
+            slots = max(1, hardware.occupancy(gpu, block, est.registers, est.shared_bytes).blocks_per_sm) * gpu.sms
+            func = raw.func(g)
+            if func not in footprints:
+                footprints[func] = tir_stats.block_footprints(func)
+            j = next(j for j, a in enumerate(args_of[g]) if a.same_as(weight))
+            saved = footprints[func].get(j, tir_stats.buffer_bytes(func.params[j]))
+            if stages[0].num_blocks <= slots and \
+                    saved // stages[0].num_blocks + est.shared_bytes <= STATIC_SHARED_LIMIT:
+                out[g] = (groups[0], saved)
+    return out
+
 
 
 def _saved(sp: list, sg: list, keys_p: list, keys_g: list, unscheduled_g, target, block: int,

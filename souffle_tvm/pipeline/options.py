@@ -50,8 +50,10 @@ class Options:
     directory written by ``souffle-tvm tune`` (souffle fusion). ``nvcc``: measure registers and
     shared memory with ptxas where nvcc exists (and let them correct the partition). ``onchip``
     (v3): a stitched kernel keeps a block-local intermediate in shared memory (``stitch.channel``)
-    instead of global memory, and a row chain (``te.chains``: attention) is one kernel holding its
-    rows on chip; off, every intermediate goes through global memory (to compare)."""
+    instead of global memory, a row chain (``te.chains``: attention) is one kernel holding its
+    rows on chip, and a weight several stages re-read is copied into each block's shared memory
+    once (``stitch.resident``: an LSTM layer's recurrent weights); off, every intermediate and
+    weight goes through global memory (to compare)."""
 
     fusion: str = "souffle"
     level: str = "v2"

@@ -113,7 +113,8 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
                 else free[(size, dtype)][reuse][0])
         res = Resident(k, list(rs), box, copy, str(buf.name), _union(box, views[rs[0]].blocks, buf))
         try:
-            moved = {r: dataclasses.replace(views[r], body=rebase(views[r].body, buf, res)) for r in rs}
+            moved = {r: dataclasses.replace(views[r], body=rebase(views[r].body, buf, res, views[r].blocks))
+                     for r in rs}
         except ValueError:        # reached other than by loads (an address taken): left in global memory
             continue
         first = views[rs[0]]
@@ -167,10 +168,13 @@ def fill(res: Resident, param, tid: tirx.Var, block: int) -> tirx.Stmt:
                     tirx.BufferStore(res.buffer, load, [e]))
 
 
-def rebase(body: tirx.Stmt, param, res: Resident) -> tirx.Stmt:
-    """``body`` (vb form) with its loads of ``param`` reading ``res``' copy: each index less the
-    box's corner, flattened row-major over the box."""
+def rebase(body: tirx.Stmt, param, res: Resident, blocks: int) -> tirx.Stmt:
+    """``body`` (vb form, ``blocks`` virtual blocks) with its loads of ``param`` reading ``res``'
+    copy: each index less the box's corner, flattened row-major over the box. (Simplified for
+    ``VB`` below ``blocks``: a stage's ``vb % blocks`` less the corner's ``vb`` is no index
+    arithmetic left for the kernel, nor registers to hold it.)"""
     ana = arith.Analyzer()
+    ana.bind(dependence.VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(blocks, "int64")))
 
     def load(x):
         if not x.source.same_as(param):
