@@ -190,6 +190,9 @@ def with_stitched_facts(report: Report, result: BuildResult, stitched: list, uns
             kr.min_blocks = sk.min_blocks
             kr.stage_plan = stage_plan(result, sk, stage_funcs)
             kr.bytes = sum(st["bytes"] for st in kr.stage_plan)     # its stages' footprints
+            kr.on_chip = {"stages": sum(bool(p) for p in sk.onchip), "channel_bytes": sk.onchip_bytes,
+                          "resident_inputs": list(sk.resident_inputs), "resident_bytes": sk.resident_bytes,
+                          "saved_bytes": sum(st.get("onchip_bytes", 0) for st in kr.stage_plan)}
     report.bytes = sum(k.launches * k.bytes for k in report.kernels)    # with the stitched kernels' own
     return report
 

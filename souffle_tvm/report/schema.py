@@ -94,6 +94,7 @@ class KernelReport:
     stage_plan: list[dict] | None = None  # stitched kernels: per stage tiles, threads, bytes, flops, tensor_core
     launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
     min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
+    on_chip: dict | None = None          # stitched kernels: what stays on chip (stages reading it there, bytes a block holds)
     counted: dict | None = None          # traffic counted in the emulator (``report.counted``), where it was run
     block_counts: dict | None = None     # what one block executes, from the lowered TIR (``core.tir_counts``)
     predicted_us: float | None = None    # the latency model's time for one launch (an estimate)
@@ -208,6 +209,19 @@ class Report:
         if self.subprograms:
             lines.append(f"subprograms ({len(self.subprograms)}, each one kernel when stitchable) end because:")
             lines += _reason_counts(self.subprograms)
+        held = [k for k in self.kernels if k.on_chip and k.on_chip.get("stages")]
+        if held:
+            lines.append("kept on chip (shared memory):")
+            for k in held[:max_rows]:
+                oc = k.on_chip
+                weights = f"; {len(oc['resident_inputs'])} weight copies read by later stages " \
+                          f"({oc['resident_bytes']} B a block: {', '.join(sorted(set(oc['resident_inputs'])))})" \
+                    if oc["resident_inputs"] else ""
+                lines.append(f"  {k.name}: {oc['stages']} of {len(k.stages or [])} stages read or write on chip; "
+                             f"channels {oc['channel_bytes']} B a block{weights}; "
+                             f"{_size(oc['saved_bytes'])} kept off global memory")
+            if len(held) > max_rows:
+                lines.append(f"  ... {len(held) - max_rows} more stitched kernels")
         if self.reductions and (self.reductions["split"] or self.reductions["kept"]):
             red = self.reductions
             lines.append(f"two-phase reductions: {len(red['split'])} split, {len(red['kept'])} kept whole"
@@ -252,3 +266,7 @@ def dims(d) -> str:
     while len(d) > 1 and d[-1] == 1:
         d = d[:-1]
     return "x".join(str(v) for v in d)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} KB"
