@@ -162,3 +162,15 @@ def _first_product(sk) -> int:
     """The first stage of the function most stages call: the recurrent product."""
     counts = {s: sk.stages.count(s) for s in sk.stages}
     return sk.stages.index(max(counts, key=counts.get))
+
+
+def test_the_time_partitioner_credits_a_later_reader_its_copy(lstm):
+    """A later recurrent product, in a window with its layer's first, reads R (16 x 64 fp32) on
+    chip: its credit names that first reader and R's footprint."""
+    m, _ = lstm
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="auto"))
+    groups, credits = souffle.partition.groups, souffle.group_facts.onchip
+    products = [i for i, g in enumerate(groups) if credits[i] is not None and credits[i][1] == 16 * 64 * 4]
+    assert len(products) >= 2 * 5, [(g.name, c) for g, c in zip(groups, credits)]
+    firsts = {credits[i][0] for i in products}
+    assert len(firsts) == 2 and all(credits[i][0] < i for i in products)      # one first reader a layer
