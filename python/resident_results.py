@@ -3,7 +3,8 @@ in one directory, named ``<build>_<model>.json``, where ``build`` is one of BUIL
 
     python python/resident_results.py results/resident-weights-2026-12-03
 
-Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran, the
+Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran: summed
+over a stitched kernel's stages, and distinct over the call, the
 latency model's estimate under a CUDA graph, and per stitched kernel its ptxas figures and the
 shared memory its weight copies take) and writes ``resident.png`` beside the reports."""
 
@@ -29,9 +30,15 @@ def rows(folder: Path) -> list[dict]:
             continue
         r = json.loads(path.read_text())
         counted = (r.get("counted") or {}).get("bytes")
+        # a stitched kernel's distinct bytes count a weight re-read at every step once; summed
+        # over its stages (each counted as if alone) they count every re-read, as separate kernels do
+        staged = sum(k["launches"] * (sum(st["distinct_bytes"] for st in k["counted"]["stages"])
+                                      if k["counted"].get("stages") else k["counted"]["distinct_bytes"])
+                     for k in r["kernels"] if k.get("counted")) if counted else None
         stitched = [k for k in r["kernels"] if k.get("stages")]
         out.append({"model": model, "build": build, "label": label, "launches": r["launches"],
                     "mb": r["bytes"] / 1e6, "counted_mb": counted / 1e6 if counted else None,
+                    "staged_mb": staged / 1e6 if staged else None,
                     "graph_ms": r["latency"]["graph_ms"] if r.get("latency") else None,
                     "kernels": [(k["registers"], k["shared_bytes"], k["spill_bytes"], k["grid"][0], k["block"][0])
                                 for k in stitched]})
@@ -40,14 +47,15 @@ def rows(folder: Path) -> list[dict]:
 
 
 def table(data: list[dict]) -> str:
-    lines = ["| model | build | launches | MB (analytic) | MB (counted) | graph ms (estimate) | "
-             "stitched kernels: regs, smem B, spill B; blocks x threads |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | build | launches | MB (analytic) | MB counted, per stage | MB counted, per call | "
+             "graph ms (estimate) | stitched kernels: regs, smem B, spill B; blocks x threads |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in data:
         figures = "; ".join(f"{r}, {s}, {sp}, {g} x {b}" for r, s, sp, g, b in d["kernels"]) or "-"
         counted = f"{d['counted_mb']:.3f}" if d["counted_mb"] is not None else "-"
+        staged = f"{d['staged_mb']:.3f}" if d["staged_mb"] is not None else "-"
         ms = f"{d['graph_ms']:.3f}" if d["graph_ms"] is not None else "-"
-        lines.append(f"| {d['model']} | {d['label']} | {d['launches']} | {d['mb']:.2f} | {counted} | {ms} | {figures} |")
+        lines.append(f"| {d['model']} | {d['label']} | {d['launches']} | {d['mb']:.2f} | {staged} | {counted} | {ms} | {figures} |")
     return "\n".join(lines)
 
 
