@@ -132,7 +132,6 @@ def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) 
     return out
 
 
-
 def _saved(sp: list, sg: list, keys_p: list, keys_g: list, unscheduled_g, target, block: int,
            gpu: hardware.GPU) -> int:
     """The consumer's footprint of what it reads on chip when stitched with the producer alone."""

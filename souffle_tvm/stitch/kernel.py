@@ -53,8 +53,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     loops (``rolling``). With ``private`` (which tensors are made here and not read after the
     kernel), a block-local one becomes a per-block shared buffer, its producer and consumers
     fused into one grid-stride loop (``channel``), and an input several stages read the same
-    box of per block is copied into each block's shared memory once (``resident``). Returns the function, per stage whether a
-    grid sync precedes it, the stacked buffers (``rolling.Stack``: parameters after those of
+    box of per block is copied into each block's shared memory once (``resident``). Returns the
+    function, per stage whether a grid sync precedes it, the stacked buffers (``rolling.Stack``: parameters after those of
     ``param_keys``, which no longer include the keys they stack) and the channels (whose keys
     are no parameters either, except a ``dual`` one's). ``min_blocks``: the register cap, as the blocks per SM
     nvcc must leave room for (``MIN_BLOCKS_ATTR``; the build turns it into ``__launch_bounds__``).
@@ -75,7 +75,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     # step), then the produced tensors in what shared memory is left
     residents, views = (resident.plan(views, args, access, needs, param_of, own_shared, grid, block)
                         if private is not None else ([], views))
-    copies = list({id(r.buffer): r.buffer for r in residents}.values())
+    copies = resident.copies(residents)
     for r in residents:     # a later reader sees the fill behind a barrier of its own (what the check proves)
         for i in r.readers[1:]:
             needs[i] = dependence.stronger(needs[i], dependence.BLOCK)

@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import lower, rolling
+from . import lower, resident, rolling
 from .check import SafetyReport, check
 from .kernel import stitch
 from ..codegen.emit import is_group_call
@@ -240,11 +240,10 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
             leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
     private = lambda k: isinstance(k, Produced) and k not in leaves  # noqa: E731 - made here, read nowhere after
-    func, syncs, stacks, channels, order, residents = stitch(stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa]
-                                                    for fa in args],
-                                           grid, block, name=name, target=target, param_keys=keys,
-                                           stackable=private, min_blocks=min_blocks,
-                                           private=private if onchip else None)
+    func, syncs, stacks, channels, order, residents = stitch(
+        stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args], grid, block, name=name,
+        target=target, param_keys=keys, stackable=private, min_blocks=min_blocks,
+        private=private if onchip else None)
     onchip_keys = {ch.key for ch in channels if not ch.dual}
     if onchip_keys:         # no longer outputs of the call: they never leave the chip
         kept = [(k, t) for k, t in zip(produced, types) if k not in onchip_keys]
@@ -277,8 +276,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                                                     if ident.function in stage_funcs},
                           onchip=_onchip_positions(channels, residents, order, args),
                           onchip_bytes=sum(ch.bytes for ch in channels),
-                          resident_bytes=sum(tir_stats.buffer_bytes(b) for b in {id(r.buffer): r.buffer
-                                                                                  for r in residents}.values()),
+                          resident_bytes=sum(tir_stats.buffer_bytes(b) for b in resident.copies(residents)),
                           resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args))
 
 
@@ -288,10 +286,13 @@ def _filled(residents: list, order: list[int], args: list[list]) -> list[dict[in
     out: list[dict[int, int]] = [{} for _ in args]
     for r in residents:
         stage = order[r.readers[0]]
-        for j, x in enumerate(args[stage]):
-            if not isinstance(x, Produced) and ExprKey(x) == r.key:
-                out[stage][j] = r.filled_bytes
+        out[stage].update((j, r.filled_bytes) for j in _positions(args[stage], r.key))
     return out
+
+
+def _positions(args: list, key) -> list[int]:
+    """The positions of a stage's arguments (a Produced key or an input's Relax expression) that are ``key``."""
+    return [j for j, x in enumerate(args) if (x if isinstance(x, Produced) else ExprKey(x)) == key]
 
 
 def _onchip_positions(channels: list, residents: list, order: list[int], args: list[list]) -> list[list[int]]:
@@ -303,5 +304,5 @@ def _onchip_positions(channels: list, residents: list, order: list[int], args: l
             [(r.key, r.readers[1:]) for r in residents]:
         for i in stages:
             stage = order[i]
-            out[stage] += [j for j, x in enumerate(args[stage]) if (x if isinstance(x, Produced) else ExprKey(x)) == key]
+            out[stage] += _positions(args[stage], key)
     return [sorted(set(p)) for p in out]

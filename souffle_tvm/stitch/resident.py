@@ -148,6 +148,11 @@ def _union(box: list[tuple], blocks: int, param) -> int:
     return int(covered.sum()) * tir_stats.dtype_bytes(param.ty.dtype)
 
 
+def copies(residents: list[Resident]) -> list[tirx.Buffer]:
+    """The distinct shared buffers ``residents`` occupy (inputs whose readers do not overlap share one)."""
+    return list({id(r.buffer): r.buffer for r in residents}.values())
+
+
 def fill(res: Resident, param, tid: tirx.Var, block: int) -> tirx.Stmt:
     """Virtual block ``VB``'s box of ``param`` copied into ``res.buffer`` (row-major), ``block``
     threads storing consecutive elements; the last row of threads repeats the box's last element
