@@ -139,6 +139,25 @@ def _recording_pipeline():
                                      attach_cooperative_launch, record_device_kernels]), host, device
 
 
+def device_counts(func: tirx.PrimFunc, target: tvm.target.Target) -> list[BlockCounts]:
+    """What one block of each device kernel of a scheduled PrimFunc executes when it is built as
+    a kernel of its own (``core.tir_counts``), in launch order: TVM's s_tir pipeline decides
+    where barriers go (a K loop ThreadSync guards with a barrier a step is priced by its waits),
+    which the stitcher's launch form does not show yet."""
+    host = target if target.host is not None else tvm.target.Target(target, host="llvm")   # SplitHostDevice needs one
+    mod = tirx.transform.BindTarget(host)(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    pipeline, _, _ = default_s_tir_pipeline()
+    with target:
+        mod = pipeline(mod)
+    kernels = [(gv.name_hint, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)
+               and f.attrs is not None and "tirx.kernel_launch_params" in f.attrs]
+
+    def order(name: str) -> int:
+        tail = name.rsplit("_", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+    return [tir_counts.block_counts(f) for _, f in sorted(kernels, key=lambda k: order(k[0]))]
+
+
 # shared memory over 48 KB made dynamic + register caps + distinct parameter names + TVM's s_tir pipeline
 # + cooperative tag + kernel record
 TIR_PIPELINE = "souffle_tvm.recorded"

@@ -79,7 +79,8 @@ class Timer:
 
     def stitchable_alone(self, g: int) -> float:
         """Group ``g``'s stitchable schedule (256 threads), each stage a kernel of its own."""
-        return self.alone(self.facts.work[g], self.facts.stages[g])
+        built = self.facts.alone_work
+        return self.alone(built[g] if g < len(built) and built[g] else self.facts.work[g], self.facts.stages[g])
 
     def alone(self, work: list[latency.Stage], estimates: list[estimate.Estimate]) -> float:
         """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""

@@ -31,8 +31,9 @@ class GroupFacts:
     equal for groups with identical code (repeated layers). ``repeat_of[i]``: the earlier group
     that group i repeats with its inputs one period later (``stitch.rolling.repeats``), rolled
     into a loop when stitched; None if none. ``work[i]``: per lowered stage, the tiles and threads
-    it launches alone, its bytes and flops (on its first stage) and whether it uses tensor
-    cores: what the time-driven partitioner (``by_time``) predicts from. ``kernel_keys[i]``: group
+    it launches alone, its bytes and flops (on its first stage), whether it uses tensor
+    cores and what a block of it executes stitched (K steps, shared wavefronts; ``alone_work``:
+    built alone): what the time-driven partitioner (``by_time``) predicts from. ``kernel_keys[i]``: group
     i's kernel in the measured-times database (``core.measured``), None for a multi-launch group.
     """
 
@@ -46,6 +47,9 @@ class GroupFacts:
     # per group: (producer, bytes of its reads that stay on chip when stitched with that producer)
     # or None (``pipeline.onchip_credit``); empty: no credits
     onchip: list[tuple[int, int] | None] = field(default_factory=list)
+    # per group: ``work`` as its stages execute built as kernels of their own (TVM's pipeline
+    # places their barriers; ``pipeline.policies._work``); empty: as ``work``
+    alone_work: list[list[latency.Stage]] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""

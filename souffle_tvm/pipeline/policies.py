@@ -21,9 +21,10 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx
 
+from ..build import executable
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, hardware, latency, measured, tir_stats
+from ..core import estimate, hardware, latency, measured, tir_counts, tir_stats
 from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
@@ -156,7 +157,7 @@ class ScheduleCache:
         except (ScheduleError, StitchError):
             return None
         gpu = hardware.for_arch(str(self.target.attrs.get("arch", "sm_90")))
-        return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func),
+        return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func, self.target, alone=True),
                                      [estimate.stage(low.body) for low in lowered])
 
 
@@ -289,30 +290,42 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             key = (measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
                    if len(lowered) == 1 else None)
             seen[(func, unscheduled_func)] = (count[0], [estimate.stage(st.body) for st in lowered],
-                                              _work(func, lowered, unscheduled_func), key, lowered)
+                                              _work(func, lowered, unscheduled_func, target), key, lowered,
+                                              _work(func, lowered, unscheduled_func, target, alone=True))
         return seen[(func, unscheduled_func)]
 
-    statements, stages, work, keys, lowered = [], [], [], [], []
+    statements, stages, work, keys, lowered, alone = [], [], [], [], [], []
     for i, g in enumerate(groups):
         if not asked[i] or unstitchable[i] is not None:
-            facts = (0, [], [], None, None)
+            facts = (0, [], [], None, None, [])
         else:
             facts = facts_of(calls.func(i), raw.func(i) if raw is not None else calls.func(i))
-        for column, value in zip((statements, stages, work, keys, lowered), facts):
+        for column, value in zip((statements, stages, work, keys, lowered, alone), facts):
             column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
     repeats = _repeats(calls) if only is None else [None] * len(groups)
     onchip = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
               if is_cuda(target) and only is None else [])
-    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip)
+    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone)
 
 
-def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:
+def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target, alone: bool = False
+          ) -> list[latency.Stage]:
     """The latency model's view of a group's lowered stages: the unscheduled function's
-    footprint and flops (as the report counts them), the scheduled one's launch geometry."""
+    footprint and flops (as the report counts them), the scheduled one's launch geometry, and
+    what a block of each stage executes (``core.tir_counts``): its K-loop steps and shared
+    wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the form the
+    stage is built in: as a stage of a stitched kernel (its launch form), or with ``alone`` as a
+    kernel of its own, where TVM's pipeline places the barriers (it guards some K loops with one
+    each step that the stitched kernel does not need)."""
     nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
-    return tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
-                                 sum(tir_stats.block_flops(unscheduled).values()))
+    stages = tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
+                                   sum(tir_stats.block_flops(unscheduled).values()))
+    counts = executable.device_counts(func, target) if alone and is_cuda(target) else []
+    if len(counts) != len(lowered):
+        counts = [tir_counts.block_counts(st.kernel(target)) for st in lowered]
+    return [dataclasses.replace(w, k_steps=c.k_steps, shared_wavefronts=c.shared_wavefronts)
+            for w, c in zip(stages, counts)]
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:
@@ -384,4 +397,4 @@ def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, time
         lowered = lower.lower_stage("g", func, target)
     except StitchError:
         return None
-    return timer.alone(_work(func, lowered, unscheduled), [estimate.stage(low.body) for low in lowered])
+    return timer.alone(_work(func, lowered, unscheduled, target, alone=True), [estimate.stage(low.body) for low in lowered])

@@ -33,6 +33,18 @@ def _prefix_passes():
             t.LowerOpaqueBlock()]
 
 
+def _suffix_passes():
+    """The rest of TVM's s_tir pipeline up to its thread syncs, without the passes that only
+    rewrite instructions (what decides where ThreadSync puts a barrier: flat indices, merged
+    allocations, unrolled loops)."""
+    t = s_tir.transform
+    return [tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32), t.LoopPartition(),
+            tirx.transform.VectorizeLoop(True), t.InjectVirtualThread(), t.InjectDoubleBuffer(),
+            tirx.transform.StorageRewrite(), t.HoistIfThenElse(), tirx.transform.UnrollLoop(),
+            tirx.transform.StmtSimplify(), tirx.transform.RemoveNoOp(),
+            t.ThreadSync("shared"), t.ThreadSync("shared.dyn")]
+
+
 def launch_form(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> tirx.PrimFunc:
     """``func`` lowered to just before TVM's thread-sync passes: launch attributes, no blocks
     (the form stages are stitched in, and the emulator reads)."""
@@ -78,6 +90,17 @@ class LoweredStage:
     @property
     def num_threads(self) -> int:
         return math.prod(e for _, e in self.threads.values())
+
+    def kernel(self, target: tvm.target.Target) -> tirx.PrimFunc:
+        """The stage as a kernel of its own: its body under its launch attributes again, with the
+        block barriers TVM's build adds (ThreadSync): what ``core.tir_counts`` counts a block of."""
+        body = self.body
+        for tag, (var, ext) in [*self.threads.items(), *self.blocks.items()]:
+            i = tirx.const(0, str(var.ty)), tirx.const(ext, str(var.ty))
+            body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(*i), var, 1, tag), "thread_extent", i[1], body)
+        mod = tvm.IRModule({"stage": tirx.PrimFunc(self.params, body)})
+        with target:
+            return tvm.transform.Sequential(_suffix_passes())(mod)["stage"]
 
 
 def lower_stage(name: str, func: tirx.PrimFunc, target: tvm.target.Target) -> list[LoweredStage]:
