@@ -1,6 +1,6 @@
 """The time partitioner prices a group from what a block of its kernel executes (``core.tir_counts``)
-in the form it will be built in: alone, where TVM's pipeline places the barriers, or as a stage
-of a stitched kernel. Without the counts a GEMV whose K loop waits at a barrier every step was
+in the form it will be built in: alone, or as a stage of a stitched kernel (TVM's pipeline
+places the barriers in both). Without the counts a GEMV whose K loop waits at a barrier every step was
 priced by its bytes alone (2 us) and chosen, and the report then priced the built kernel by its
 waits (8 us)."""
 
@@ -54,7 +54,7 @@ def test_alone_counts_are_the_built_kernels(make, block):
     counts = executable.device_counts(scheduled, TARGET)
     assert counts and counts == _recorded(scheduled)
     lowered = lower.lower_stage("g", scheduled, TARGET)
-    work = policies._work(scheduled, lowered, func, TARGET, alone=True)
+    work = policies._work(scheduled, lowered, func, TARGET)
     assert [w.k_steps for w in work] == [c.k_steps for c in counts]
     assert [w.shared_wavefronts for w in work] == [c.shared_wavefronts for c in counts]
 
@@ -67,8 +67,8 @@ def test_a_gemv_k_loop_waits_alone_but_not_stitched():
     done = policies.ScheduleCache(TARGET, 512)(func)
     assert done.rule == "ColumnReduction"
     lowered = lower.lower_stage("g", done.func, TARGET)
-    alone = policies._work(done.func, lowered, func, TARGET, alone=True)
-    stitched = policies._work(done.func, lowered, func, TARGET)
+    alone = policies._work(done.func, lowered, func, TARGET)
+    stitched = policies._work(done.func, lowered, func, TARGET, block=512)
     assert [w.k_steps for w in alone] == [8]
     assert [w.k_steps for w in stitched] == [0]
     # and the price follows: alone it waits 8 steps at the fitted step cost

@@ -24,7 +24,7 @@ from tvm import relax, te, tirx
 from ..build import executable
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, hardware, latency, measured, tir_counts, tir_stats
+from ..core import estimate, hardware, latency, measured, tir_stats
 from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
@@ -36,7 +36,7 @@ from ..partition import by_time, kernels
 from ..partition.groups import Group, outputs_of, readers_of
 from ..partition.subprograms import GroupFacts
 from ..stitch import rolling
-from ..stitch import lower
+from ..stitch import kernel, lower
 from ..stitch.module import ExprKey
 from ..te import chains
 from ..transforms.two_phase import Candidate
@@ -157,7 +157,7 @@ class ScheduleCache:
         except (ScheduleError, StitchError):
             return None
         gpu = hardware.for_arch(str(self.target.attrs.get("arch", "sm_90")))
-        return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func, self.target, alone=True),
+        return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func, self.target),
                                      [estimate.stage(low.body) for low in lowered])
 
 
@@ -290,8 +290,8 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             key = (measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
                    if len(lowered) == 1 else None)
             seen[(func, unscheduled_func)] = (count[0], [estimate.stage(st.body) for st in lowered],
-                                              _work(func, lowered, unscheduled_func, target), key, lowered,
-                                              _work(func, lowered, unscheduled_func, target, alone=True))
+                                              _work(func, lowered, unscheduled_func, target, block), key, lowered,
+                                              _work(func, lowered, unscheduled_func, target))
         return seen[(func, unscheduled_func)]
 
     statements, stages, work, keys, lowered, alone = [], [], [], [], [], []
@@ -309,21 +309,32 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
     return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone)
 
 
-def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target, alone: bool = False
+def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target, block: int | None = None
           ) -> list[latency.Stage]:
     """The latency model's view of a group's lowered stages: the unscheduled function's
     footprint and flops (as the report counts them), the scheduled one's launch geometry, and
     what a block of each stage executes (``core.tir_counts``): its K-loop steps and shared
-    wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the form the
-    stage is built in: as a stage of a stitched kernel (its launch form), or with ``alone`` as a
-    kernel of its own, where TVM's pipeline places the barriers (it guards some K loops with one
-    each step that the stitched kernel does not need)."""
+    wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the form it
+    is built in: as a kernel of its own (``block`` None), or as a stage of a ``block``-thread
+    stitched kernel. The two differ: TVM's ThreadSync guards dlight's column-reduction K loop
+    with a barrier each step in the first, not in the second (one flat thread index)."""
     nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
     stages = tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
                                    sum(tir_stats.block_flops(unscheduled).values()))
-    counts = executable.device_counts(func, target) if alone and is_cuda(target) else []
-    if len(counts) != len(lowered):
-        counts = [tir_counts.block_counts(st.kernel(target)) for st in lowered]
+    if not is_cuda(target):
+        return stages
+    if block is None:
+        counts = executable.device_counts(func, target)
+    else:
+        counts = []
+        for st in lowered:
+            try:
+                one = kernel.stitch([st], [list(range(len(st.params)))], st.num_blocks, block, target=target)
+            except StitchError:
+                return stages
+            counts += executable.device_counts(one.func, target)
+    if len(counts) != len(stages):
+        return stages
     return [dataclasses.replace(w, k_steps=c.k_steps, shared_wavefronts=c.shared_wavefronts)
             for w, c in zip(stages, counts)]
 
@@ -397,4 +408,4 @@ def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, time
         lowered = lower.lower_stage("g", func, target)
     except StitchError:
         return None
-    return timer.alone(_work(func, lowered, unscheduled, target, alone=True), [estimate.stage(low.body) for low in lowered])
+    return timer.alone(_work(func, lowered, unscheduled, target), [estimate.stage(low.body) for low in lowered])
