@@ -101,6 +101,18 @@ class Timer:
             self._group[key] = sum(self.stage(g, s, slots, persistent) for s in range(len(self.facts.work[g])))
         return self._group[key]
 
+    def syncing(self, producers: list[set[int]]) -> list[set[int]]:
+        """Per group, the producers it needs a grid sync after when both are in a window: all but
+        those the stitcher proves it reads block-locally (``GroupFacts.local_producers``: the same
+        block wrote what it reads, so a block barrier orders them)."""
+        local = self.facts.local_producers
+        if not local:
+            return producers
+        key = id(producers)
+        if getattr(self, "_syncing", (None,))[0] != key:
+            self._syncing = (key, [p - local[g] if g < len(local) else p for g, p in enumerate(producers)])
+        return self._syncing[1]
+
     def credit(self, g: int) -> tuple[int, int] | None:
         """(producer, bytes): group ``g`` reads that many bytes on chip when stitched with it."""
         onchip = self.facts.onchip
@@ -169,7 +181,7 @@ class Window:
     timer keeps (``resources``, ``stages``)."""
 
     def __init__(self, timer: Timer, producers: list[set[int]], i: int):
-        self.t, self.producers, self.i = timer, producers, i
+        self.t, self.producers, self.i = timer, timer.syncing(producers), i
         self.members: list[int] = []
         self.regs = self.shared = self.tiles = 0
         self.spills = False
@@ -245,6 +257,7 @@ class _Sweep:
         # A window needs a grid sync before group g when g reads a member since the last sync; the
         # members since it are consecutive, so that is: g's latest earlier producer is at or after
         # the group that followed the last sync. next_sync[p]: the first such g after a sync at p.
+        producers = timer.syncing(producers)
         last = np.array([max((q for q in producers[g] if q < g), default=-1) for g in range(n)])
         self.next_sync = [p + 1 + int(np.argmax(last[p + 1:] >= p)) if (last[p + 1:] >= p).any() else n
                           for p in range(n)]

@@ -50,6 +50,9 @@ class GroupFacts:
     # per group: ``work`` as its stages execute built as kernels of their own (TVM's pipeline
     # places their barriers; ``pipeline.policies._work``); empty: as ``work``
     alone_work: list[list[latency.Stage]] = field(default_factory=list)
+    # per group: the producers whose output it reads block-locally when stitched with them (no
+    # grid sync between them; ``pipeline.onchip_credit``); empty: none known
+    local_producers: list[set[int]] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""

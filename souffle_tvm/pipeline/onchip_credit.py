@@ -60,18 +60,20 @@ def _with_scratch(keys: list, stage) -> list:
 
 
 def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, lowered: list,
-            unscheduled=None) -> list[tuple[int, int] | None]:
+            unscheduled=None) -> tuple[list[tuple[int, int] | None], list[set[int]]]:
     """Per group, the largest credit it gets from one producer stitched with it: (the producer,
-    the consumer's bytes that stay on chip), or None. ``lowered[i]``: group i's lowered stages
-    (None where it cannot be stitched), as ``policies.group_facts`` made them; ``unscheduled``:
-    the groups before scheduling (a module), whose footprints the model reads.
+    the consumer's bytes that stay on chip), or None; and per group the producers it reads
+    block-locally stitched with them (no grid sync between the two). ``lowered[i]``: group i's
+    lowered stages (None where it cannot be stitched), as ``policies.group_facts`` made them;
+    ``unscheduled``: the groups before scheduling (a module), whose footprints the model reads.
 
     Repeated layers call the same PrimFuncs with the same wiring: each distinct pair is
     stitched once."""
     outputs = _outputs(calls)
     raw = type(calls)(unscheduled, calls.groups) if unscheduled is not None else calls
-    asked: dict = {}        # (producer function, consumer function, wiring) -> saved bytes
+    asked: dict = {}        # (producer function, consumer function, wiring) -> (saved bytes, block-local)
     out: list[tuple[int, int] | None] = [None] * len(calls.groups)
+    local: list[set[int]] = [set() for _ in calls.groups]
     for g, sg in enumerate(lowered):
         if sg is None:
             continue
@@ -85,12 +87,15 @@ def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, low
             pair = (calls.func(p), calls.func(g), wiring)
             if pair not in asked:
                 asked[pair] = _saved(sp, sg, _keys(calls, p, outputs), keys_g, raw.func(g), target, block, gpu)
-            if asked[pair] and (out[g] is None or asked[pair] > out[g][1]):
-                out[g] = (p, asked[pair])
+            saved, blocklocal = asked[pair]
+            if saved and (out[g] is None or saved > out[g][1]):
+                out[g] = (p, saved)
+            if blocklocal:
+                local[g].add(p)
     for g, credit in _resident_credits(calls, raw, lowered, block, gpu).items():
         if out[g] is None or credit[1] > out[g][1]:
             out[g] = credit
-    return out
+    return out, local
 
 
 def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) -> dict[int, tuple[int, int]]:
@@ -133,16 +138,18 @@ def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) 
 
 
 def _saved(sp: list, sg: list, keys_p: list, keys_g: list, unscheduled_g, target, block: int,
-           gpu: hardware.GPU) -> int:
-    """The consumer's footprint of what it reads on chip when stitched with the producer alone."""
+           gpu: hardware.GPU) -> tuple[int, bool]:
+    """The consumer's footprint of what it reads on chip when stitched with the producer alone,
+    and whether its first stage then follows the producer without a grid sync."""
     est = estimate.kernel([estimate.stage(s.body) for s in sp + sg])
     resident = max(1, hardware.occupancy(gpu, block, est.registers, est.shared_bytes).blocks_per_sm) * gpu.sms
     args = [_with_scratch(keys_p, s) for s in sp] + [_with_scratch(keys_g, s) for s in sg]
     try:
         st = kernel.stitch(sp + sg, args, resident, block, target=target, private=lambda k: False)
     except (StitchError, ValueError):
-        return 0
+        return 0, False
     read = {ch.key for ch in st.channels if any(st.order[r] >= len(sp) for r in ch.readers)}
     footprint = tir_stats.block_footprints(unscheduled_g)
-    return sum(footprint.get(j, tir_stats.buffer_bytes(unscheduled_g.params[j]))
-               for j, k in enumerate(keys_g) if k in read and j < len(unscheduled_g.params))
+    saved = sum(footprint.get(j, tir_stats.buffer_bytes(unscheduled_g.params[j]))
+                for j, k in enumerate(keys_g) if k in read and j < len(unscheduled_g.params))
+    return saved, not st.syncs[st.order.index(len(sp))]

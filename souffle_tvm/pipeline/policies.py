@@ -304,9 +304,9 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
     repeats = _repeats(calls) if only is None else [None] * len(groups)
-    onchip = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
-              if is_cuda(target) and only is None else [])
-    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone)
+    onchip, local = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
+                     if is_cuda(target) and only is None else ([], []))
+    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone, local)
 
 
 def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target, block: int | None = None

@@ -79,3 +79,34 @@ def test_a_gemv_k_loop_waits_alone_but_not_stitched():
     waits = 8 * latency.FITTED.kstep_cycles / gpu.clock_hz
     assert by_time.alone_seconds(gpu, latency.FITTED, alone, est) >= waits
     assert by_time.alone_seconds(gpu, latency.FITTED, stitched, est) < waits
+
+
+def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
+    """A window's grid syncs are the stitched kernel's: a group that reads its producer
+    block-locally (the LSTM's cell update, one tile, reading the gates' tile) follows it behind a
+    block barrier, not a grid sync (``GroupFacts.local_producers``)."""
+    import dataclasses
+
+    from souffle_tvm.core import hardware, latency
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.partition import by_time
+    from souffle_tvm.partition.groups import readers_of
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.pipeline.options import Options
+    from souffle_tvm.zoo import lstm
+
+    model = import_onnx(lstm.build(lstm.LSTMConfig(layers=2, steps=4, hidden=256, features=16, batch=1)))
+    built = results.run(model.mod, TARGET, model.params, Options(level="v3"))
+    (idx, _), = built.subprograms
+    (stitched,) = built.stitched
+    facts, groups = built.group_facts, built.partition.groups
+    assert sum(bool(p) for p in facts.local_producers) >= 6      # every step's cell update
+    producers = by_time.producers_of(groups, readers_of(built.program))
+
+    def syncs(f):
+        w = by_time.Window(by_time.Timer(f, hardware.for_arch("sm_90"), latency.FITTED), producers, idx[0])
+        for g in idx:
+            w.add(g)
+        return w.syncs
+    assert syncs(facts) == stitched.grid_syncs
+    assert syncs(dataclasses.replace(facts, local_producers=[])) > stitched.grid_syncs
