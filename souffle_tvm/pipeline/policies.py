@@ -323,20 +323,29 @@ def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target
                                    sum(tir_stats.block_flops(unscheduled).values()))
     if not is_cuda(target):
         return stages
-    if block is None:
-        counts = executable.device_counts(func, target)
-    else:
-        counts = []
-        for st in lowered:
-            try:
-                one = kernel.stitch([st], [list(range(len(st.params)))], st.num_blocks, block, target=target)
-            except StitchError:
-                return stages
-            counts += executable.device_counts(one.func, target)
+    counts = _COUNTS(func, lambda: _counts(func, lowered, target, block), key=(str(target), block))
     if len(counts) != len(stages):
         return stages
     return [dataclasses.replace(w, k_steps=c.k_steps, shared_wavefronts=c.shared_wavefronts)
             for w, c in zip(stages, counts)]
+
+
+# What a block of each stage of a scheduled group executes, built alone (block None) or stitched
+# at a block size, across compiles in one process (the zoo's repeated layers and models).
+_COUNTS = ByStructure()
+
+
+def _counts(func: tirx.PrimFunc, lowered: list, target, block: int | None) -> list:
+    if block is None:
+        return executable.device_counts(func, target)
+    counts = []
+    for st in lowered:
+        try:
+            one = kernel.stitch([st], [list(range(len(st.params)))], st.num_blocks, block, target=target)
+        except StitchError:
+            return []
+        counts += executable.device_counts(one.func, target)
+    return counts
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:
