@@ -110,3 +110,31 @@ def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
         return w.syncs
     assert syncs(facts) == stitched.grid_syncs
     assert syncs(dataclasses.replace(facts, local_producers=[])) > stitched.grid_syncs
+
+
+def test_counts_are_kept_on_disk_and_a_cut_entry_is_recounted(tmp_path, monkeypatch):
+    """A process that compiles the same group again reads its counts from the cache (the CLI and
+    each test worker are processes of their own); an unreadable entry is counted again."""
+    import warnings
+
+    monkeypatch.setenv("SOUFFLE_TVM_CACHE", str(tmp_path))
+    func = _gemv()
+    scheduled = policies.ScheduleCache(TARGET, 512)(func).func
+    lowered = lower.lower_stage("g", scheduled, TARGET)
+    first = policies._counts(scheduled, lowered, TARGET, None)
+    stitched = policies._counts(scheduled, lowered, TARGET, 512)
+    assert [c.k_steps for c in first] == [8] and [c.k_steps for c in stitched] == [0]
+
+    def never(*_):
+        raise AssertionError("counted again")
+    counting = executable.device_counts
+    monkeypatch.setattr(executable, "device_counts", never)
+    assert policies._counts(scheduled, lowered, TARGET, None) == first
+    assert policies._counts(scheduled, lowered, TARGET, 512) == stitched
+    path = policies._stored_counts(scheduled, TARGET, None)
+    path.write_text("[{")
+    monkeypatch.setattr(executable, "device_counts", counting)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert policies._counts(scheduled, lowered, TARGET, None) == first
+    assert any("unreadable" in str(w.message) for w in seen)

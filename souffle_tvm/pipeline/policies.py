@@ -15,16 +15,22 @@ per group, and hands the answers down as data:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import tvm
 import tvm_ffi
 from tvm import relax, te, tirx
 
-from ..build import executable
+from ..build import executable, ptxas
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, hardware, latency, measured, tir_stats
+from ..core import estimate, hardware, latency, measured, tir_counts, tir_stats
+from ..core.files import atomic_write, note_recomputed
+from ..core.floors import BlockCounts
 from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
@@ -331,21 +337,50 @@ def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target
 
 
 # What a block of each stage of a scheduled group executes, built alone (block None) or stitched
-# at a block size, across compiles in one process (the zoo's repeated layers and models).
+# at a block size, across compiles in one process (the zoo's repeated layers and models) and, on
+# disk, across processes (``_stored_counts``).
 _COUNTS = ByStructure()
+# what the counts depend on besides the function: the counting, the one-stage stitch, the build
+_COUNTED_BY = [tir_counts, kernel, executable]
 
 
 def _counts(func: tirx.PrimFunc, lowered: list, target, block: int | None) -> list:
-    if block is None:
-        return executable.device_counts(func, target)
-    counts = []
-    for st in lowered:
+    path = _stored_counts(func, target, block)
+    if path.exists():
         try:
-            one = kernel.stitch([st], [list(range(len(st.params)))], st.num_blocks, block, target=target)
-        except StitchError:
-            return []
-        counts += executable.device_counts(one.func, target)
+            return [BlockCounts.from_dict(d) for d in json.loads(path.read_text())]
+        except (ValueError, TypeError, KeyError) as err:
+            note_recomputed(path, f"unreadable ({type(err).__name__})")
+    if block is None:
+        counts = executable.device_counts(func, target)
+    else:
+        counts = []
+        for st in lowered:
+            try:
+                one = kernel.stitch([st], [list(range(len(st.params)))], st.num_blocks, block, target=target)
+            except StitchError:
+                return []
+            counts += executable.device_counts(one.func, target)
+    atomic_write(path, json.dumps([c.as_dict() for c in counts]))
     return counts
+
+
+@functools.lru_cache(maxsize=1)
+def _counting_version() -> str:
+    digest = hashlib.sha256(tvm.__version__.encode())
+    for module in _COUNTED_BY:
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _stored_counts(func: tirx.PrimFunc, target, block: int | None) -> Path:
+    """Where the counts of ``func`` (built alone, or stitched at ``block``) are kept on disk: by
+    its structural hash (stable across processes, as MetaSchedule's database relies on), the
+    target, the block size and the counting code's version."""
+    key = hashlib.sha256(f"{tvm_ffi.structural_hash(func)}|{target}|{block}|{_counting_version()}".encode())
+    root = ptxas.cache_dir().parent / "counts"
+    root.mkdir(parents=True, exist_ok=True)
+    return root / f"{key.hexdigest()[:32]}.json"
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:
