@@ -138,3 +138,15 @@ def test_counts_are_kept_on_disk_and_a_cut_entry_is_recounted(tmp_path, monkeypa
         warnings.simplefilter("always")
         assert policies._counts(scheduled, lowered, TARGET, None) == first
     assert any("unreadable" in str(w.message) for w in seen)
+
+
+def test_counts_without_a_writable_cache_are_counted_in_the_process(tmp_path, monkeypatch):
+    """A cache folder that cannot be made (a file in its place) costs a count, never the compile."""
+    blocked = tmp_path / "cache"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("SOUFFLE_TVM_CACHE", str(blocked))
+    func = _gemv()
+    scheduled = policies.ScheduleCache(TARGET, 512)(func).func
+    lowered = lower.lower_stage("g", scheduled, TARGET)
+    assert policies._stored_counts(scheduled, TARGET, None) is None
+    assert [c.k_steps for c in policies._counts(scheduled, lowered, TARGET, None)] == [8]

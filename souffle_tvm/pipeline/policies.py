@@ -346,7 +346,7 @@ _COUNTED_BY = [tir_counts, kernel, executable]
 
 def _counts(func: tirx.PrimFunc, lowered: list, target, block: int | None) -> list:
     path = _stored_counts(func, target, block)
-    if path.exists():
+    if path is not None and path.exists():
         try:
             return [BlockCounts.from_dict(d) for d in json.loads(path.read_text())]
         except (ValueError, TypeError, KeyError) as err:
@@ -361,7 +361,11 @@ def _counts(func: tirx.PrimFunc, lowered: list, target, block: int | None) -> li
             except StitchError:
                 return []
             counts += executable.device_counts(one.func, target)
-    atomic_write(path, json.dumps([c.as_dict() for c in counts]))
+    if path is not None:
+        try:
+            atomic_write(path, json.dumps([c.as_dict() for c in counts]))
+        except OSError:     # a cache that cannot be written only costs the next process the count
+            pass
     return counts
 
 
@@ -373,13 +377,16 @@ def _counting_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def _stored_counts(func: tirx.PrimFunc, target, block: int | None) -> Path:
-    """Where the counts of ``func`` (built alone, or stitched at ``block``) are kept on disk: by
-    its structural hash (stable across processes, as MetaSchedule's database relies on), the
+def _stored_counts(func: tirx.PrimFunc, target, block: int | None) -> Path | None:
+    """Where the counts of ``func`` (built alone, or stitched at ``block``) are kept on disk (None
+    where no cache can be written): by its structural hash (stable across processes, as MetaSchedule's database relies on), the
     target, the block size and the counting code's version."""
     key = hashlib.sha256(f"{tvm_ffi.structural_hash(func)}|{target}|{block}|{_counting_version()}".encode())
-    root = ptxas.cache_dir().parent / "counts"
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root = ptxas.cache_dir().parent / "counts"
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:         # no writable cache: count in this process only
+        return None
     return root / f"{key.hexdigest()[:32]}.json"
 
 
