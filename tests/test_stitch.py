@@ -152,6 +152,7 @@ def test_unstitchable_groups_stay_separate_kernels(monkeypatch):
 
 
 @needs_nvcc
+@pytest.mark.slow      # a known failure (strict xfail) costing 50-70 s of the default suite: make test-all
 @pytest.mark.xfail(strict=True, reason=(
     "open since the latency model's fourth form (2026-12-03) changed small Swin's partition: its "
     "first build's grid of 512 makes ptxas take 250 registers (grid-stride loops of one trip fold "
