@@ -43,9 +43,13 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
+def cache_root() -> Path:
+    """The project's cache folder (``$SOUFFLE_TVM_CACHE``, default ``~/.cache/souffle-tvm``)."""
+    return Path(os.environ.get("SOUFFLE_TVM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "souffle-tvm"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("SOUFFLE_TVM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "souffle-tvm")
-    path = Path(root) / "ptxas"
+    path = cache_root() / "ptxas"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -66,6 +66,7 @@ class Timer:
         # group -> predicted seconds of another schedule it gets when left alone (v2's, where the
         # model predicts it faster than the stitchable one): what a boundary around it then costs
         self.rescheduled: dict[int, float] = {}
+        self._syncing: tuple | None = None     # (producers, the same less the block-local ones)
 
     def separate(self, g: int) -> float:
         """Group ``g`` as kernels of their own in a CUDA graph, as it will be built: a time measured
@@ -108,9 +109,8 @@ class Timer:
         local = self.facts.local_producers
         if not local:
             return producers
-        key = id(producers)
-        if getattr(self, "_syncing", (None,))[0] != key:
-            self._syncing = (key, [p - local[g] if g < len(local) else p for g, p in enumerate(producers)])
+        if self._syncing is None or self._syncing[0] is not producers:
+            self._syncing = (producers, [p - local[g] if g < len(local) else p for g, p in enumerate(producers)])
         return self._syncing[1]
 
     def credit(self, g: int) -> tuple[int, int] | None:

@@ -295,9 +295,10 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
                 tvm_ffi.structural_walk(st.body, (tirx.Stmt, lambda _: count.__setitem__(0, count[0] + 1)))
             key = (measured.kernel_key(func, arch, lowered[0].num_blocks, lowered[0].num_threads)
                    if len(lowered) == 1 else None)
+            plain = _uncounted(func, lowered, unscheduled_func)     # one footprint walk for both views
             seen[(func, unscheduled_func)] = (count[0], [estimate.stage(st.body) for st in lowered],
-                                              _work(func, lowered, unscheduled_func, target, block), key, lowered,
-                                              _work(func, lowered, unscheduled_func, target))
+                                              _counted(plain, func, lowered, target, block), key, lowered,
+                                              _counted(plain, func, lowered, target, None))
         return seen[(func, unscheduled_func)]
 
     statements, stages, work, keys, lowered, alone = [], [], [], [], [], []
@@ -319,14 +320,24 @@ def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target
           ) -> list[latency.Stage]:
     """The latency model's view of a group's lowered stages: the unscheduled function's
     footprint and flops (as the report counts them), the scheduled one's launch geometry, and
-    what a block of each stage executes (``core.tir_counts``): its K-loop steps and shared
-    wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the form it
-    is built in: as a kernel of its own (``block`` None), or as a stage of a ``block``-thread
-    stitched kernel. The two differ: TVM's ThreadSync guards dlight's column-reduction K loop
-    with a barrier each step in the first, not in the second (one flat thread index)."""
+    what a block of each stage executes (``_counted``)."""
+    return _counted(_uncounted(func, lowered, unscheduled), func, lowered, target, block)
+
+
+def _uncounted(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:
     nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
-    stages = tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
-                                   sum(tir_stats.block_flops(unscheduled).values()))
+    return tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
+                                 sum(tir_stats.block_flops(unscheduled).values()))
+
+
+def _counted(stages: list[latency.Stage], func: tirx.PrimFunc, lowered: list, target,
+             block: int | None) -> list[latency.Stage]:
+    """``stages`` with what a block of each executes (``core.tir_counts``): its K-loop steps and
+    shared wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the
+    form it is built in: as a kernel of its own (``block`` None), or as a stage of a
+    ``block``-thread stitched kernel. The two differ: TVM's ThreadSync guards dlight's
+    column-reduction K loop with a barrier each step in the first, not in the second (one flat
+    thread index)."""
     if not is_cuda(target):
         return stages
     counts = _COUNTS(func, lambda: _counts(func, lowered, target, block), key=(str(target), block))
@@ -383,7 +394,7 @@ def _stored_counts(func: tirx.PrimFunc, target, block: int | None) -> Path | Non
     target, the block size and the counting code's version."""
     key = hashlib.sha256(f"{tvm_ffi.structural_hash(func)}|{target}|{block}|{_counting_version()}".encode())
     try:
-        root = ptxas.cache_dir().parent / "counts"
+        root = ptxas.cache_root() / "counts"
         root.mkdir(parents=True, exist_ok=True)
     except OSError:         # no writable cache: count in this process only
         return None
