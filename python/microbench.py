@@ -172,6 +172,11 @@ FAMILIES = {
     # few output tiles, long K: the time partitioner's block size choice gives these 512 threads
     "matmul-fp32-few": ("StitchedMatmul@512", matmul, [(16, 4096, 32), (32, 8192, 64), (64, 8192, 128)], "float32",
                         {"time": {"partitioner": "time"}}),
+    # few tiles, a long K: the K tile the rule chooses (auto) against each fixed one; the shapes
+    # of EfficientNet-B0's 7 x 7 and ResNeXt's 14 x 14 1x1 convolutions (pixels x K x channels)
+    "matmul-fp32-longk": ("StitchedMatmul/k64", matmul, [(49, 1152, 192), (49, 1152, 320), (196, 1024, 512)],
+                          "float32", {"k16": {"gemm_k_tile": 16}, "k32": {"gemm_k_tile": 32},
+                                      "k64": {"gemm_k_tile": 64}, "auto": {}}),
     "matmul-fp16": ("TensorCoreMatmul", matmul, [(64, 256, 256), (256, 512, 512), (1024, 1024, 1024)], "float16",
                     {"": {}}),
     "softmax": ("RowReduction", softmax, [(128, 128), (1024, 512), (4096, 1024)], "float32", {"": {}}),

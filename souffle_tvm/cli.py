@@ -48,8 +48,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "v3 + two-phase reductions and stitched cooperative kernels, "
                         "v4 + L2 prefetch of each stitched kernel's next-segment inputs")
     p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
-                   help="v3 on CUDA: K tile of the stitched GEMM stages (default 16); "
-                        "tiles over 48 KB go to dynamic shared memory")
+                   help="v3 on CUDA: K tile of the stitched SIMT GEMM stages (default: per GEMM, 16, 32 "
+                        "or 64 as the latency model predicts fastest); tiles over 48 KB go to dynamic "
+                        "shared memory")
     p.add_argument("--gemm-tile", type=int, default=None, choices=[16, 32, 64], metavar="N",
                    help="v3 on CUDA: output tile side of the stitched SIMT GEMM stages, 16, 32 or 64 "
                         "(default: per GEMM, the one the latency model predicts fills the stitched grid best)")

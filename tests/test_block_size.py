@@ -169,9 +169,29 @@ def test_the_time_partitioner_stitches_where_another_size_makes_it_pay():
 
 
 # -- a model -----------------------------------------------------------------------------------
+def _gemm_softmax(rows: int = 16, k: int = 256, n: int = 16384):
+    """A GEMM into few long rows, then their softmax: the budget partition stitches both, and
+    the model puts the kernel at 512 threads (its rows' reductions use the wider block; small
+    EfficientNet, this test's model before 2026-12-04, stays at 256 since K loops TVM unrolls
+    are counted)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k)).astype("float32")
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["H"]),
+                           helper.make_node("Softmax", ["H"], ["Y"], axis=-1)], "gemm_softmax",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [rows, k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [rows, n])],
+                          [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
 @pytest.fixture(scope="module")
-def efficientnet_v3():
-    """Small EfficientNet's budget partition, with what ptxas found in each feedback round."""
+def stitched_512():
+    """That model's budget partition, with what ptxas found in each feedback round."""
     from souffle_tvm.pipeline import feedback
     from souffle_tvm.pipeline.driver import compile as compile_model
 
@@ -184,19 +204,17 @@ def efficientnet_v3():
 
     feedback.over_budget = spy
     try:
-        compiled = compile_model("efficientnet", "cuda", "souffle", small=True, level="v3", partitioner="budget")
+        compiled = compile_model(_gemm_softmax(), "cuda", "souffle", level="v3", partitioner="budget")
     finally:
         feedback.over_budget = real
     return compiled, rounds
 
 
-def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster_unless_ptxas_overrules(efficientnet_v3):
-    """Small EfficientNet's budget partition: the model puts a subprogram of depthwise
-    convolutions and squeeze-excite reductions at 512 threads. ptxas then decides: the report
-    keeps the size with its reason (both figures) where it fits, and where ptxas finds it over
-    budget the kernel goes back to 256 threads, never left spilling. Since the model's fourth form
-    (2026-12-03) ptxas overrules it here (40 B of spills at 512)."""
-    compiled, rounds = efficientnet_v3
+def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster_unless_ptxas_overrules(stitched_512):
+    """The model puts the stitched GEMM and softmax at 512 threads. ptxas then decides: the
+    report keeps the size with its reason (both figures) where it fits, and where ptxas finds it
+    over budget the kernel goes back to 256 threads, never left spilling."""
+    compiled, rounds = stitched_512
     report = compiled.report
     require_nvcc()
     assert report.nvcc.get("available"), report.nvcc
@@ -230,7 +248,7 @@ def test_a_kernel_over_budget_at_its_size_goes_back_to_256_before_a_split(monkey
         return real(report, souffle, arch)
 
     monkeypatch.setattr(feedback, "over_budget", over_budget)
-    report = compile_model("efficientnet", "cuda", "souffle", small=True, level="v3", partitioner="budget").report
+    report = compile_model(_gemm_softmax(), "cuda", "souffle", level="v3", partitioner="budget").report
     assert planted, "no kernel took another block size to plant a spill in"
     assert not any(s.get("block") for s in report.subprograms)
     assert {k.block[0] for k in report.kernels if k.cooperative} == {256}

@@ -243,7 +243,8 @@ def test_the_review_1x1_convolution_is_priced_within_its_floors(tmp_path):
     prediction over Souffle's floor, and Souffle's is never priced below its chain at the fitted
     step cost."""
     path = _conv_1x1(tmp_path / "conv1x1.onnx")
-    (ours,) = compile_model(path, "cuda", "souffle").report.kernels
+    # the review's form: dlight's K tile (the default now takes 64 here: below)
+    (ours,) = compile_model(path, "cuda", "souffle", gemm_k_tile=16).report.kernels
     (theirs,) = compile_model(path, "cuda", "tvm").report.kernels
     for k in (ours, theirs):
         assert k.block_counts["k_steps"] == 64 and k.floor_by == "k_chain"
@@ -251,3 +252,9 @@ def test_the_review_1x1_convolution_is_priced_within_its_floors(tmp_path):
     chain = floors.BlockCounts.from_dict(ours.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
     assert ours.predicted_us * 1e-6 >= chain / H200.clock_hz
     assert theirs.predicted_us / ours.predicted_us <= theirs.predicted_us / ours.floor_us
+    # the default's K tile: 16 steps of 64, each still priced at the fitted step cost
+    (chosen,) = compile_model(path, "cuda", "souffle").report.kernels
+    assert chosen.form == "StitchedMatmul@512/k64" and chosen.block_counts["k_steps"] == 16
+    chain = floors.BlockCounts.from_dict(chosen.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
+    assert chosen.floor_us <= chosen.predicted_us and chosen.predicted_us * 1e-6 >= chain / H200.clock_hz
+    assert chosen.predicted_us < ours.predicted_us

@@ -187,3 +187,21 @@ def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
     # on one resident block the partial's bytes dominate its time (not the combine's, whose exp
     # flops do; nor anything's on 132 blocks, at the model's per-stage floor at this size)
     assert any(timer.member_seconds(g, 1, True, gemm) < timer.member_seconds(g, 1, True, gemm + 1) for g in credited)
+
+
+def test_a_stitched_kernel_whose_outputs_but_one_stay_on_chip_is_called_for_that_one():
+    """Small Swin, v3, time partitioner: a stitched kernel keeps all its outputs but one on chip,
+    and ``call_tir`` then returns that tensor itself, not a tuple (it crashed the build: "The
+    type of Tuple must be TupleType"). Emulated in three block orders with the race checker
+    against onnxruntime."""
+    m = frontend.import_onnx("swin", small=True)
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3", partitioner="time"))
+    stitched = {sk.function for sk in souffle.stitched}
+    calls = [b.value for blk in souffle.mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"
+             and b.value.args[0].name_hint in stitched]
+    assert any(not isinstance(c.ty, tvm.relax.TupleType) for c in calls)
+    for order, report, comparisons in race_checked_in_orders(m, souffle, ORDERS):
+        assert report.ok, str(report)
+        for cmp in comparisons:
+            assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)

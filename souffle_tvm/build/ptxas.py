@@ -56,7 +56,9 @@ def cache_dir() -> Path:
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?")
+# anywhere on the "Used" line: a kernel with a stack puts "N bytes cumulative stack size" before it
+_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def parse_resource_usage(text: str) -> dict[str, KernelResources]:
@@ -69,7 +71,8 @@ def parse_resource_usage(text: str) -> dict[str, KernelResources]:
         elif current and (m := _SPILL.search(line)):
             stack, spill = int(m.group(1)), int(m.group(2)) + int(m.group(3))
         elif current and (m := _USED.search(line)):
-            out[current] = KernelResources(int(m.group(1)), int(m.group(3) or 0), spill, stack,
+            smem = _SMEM.search(line)
+            out[current] = KernelResources(int(m.group(1)), int(smem.group(1)) if smem else 0, spill, stack,
                                            int(m.group(2) or 0))
             current = None
     return out
@@ -92,9 +95,14 @@ def first_errors(output: str, count: int = 4) -> str:
     return "\n".join(shown + ([f"... and {more} more error line(s)"] if more > 0 else []))
 
 
+# Bumped when parse_resource_usage reads ptxas differently: entries parsed before are not reused
+# (2: the shared memory of kernels with a stack, which CUDA 13's ptxas prints after its size)
+FIGURES_VERSION = 2
+
+
 def cache_key(source: str, arch: str) -> str:
     """One CUDA source for one arch: the name of its cached cubin and resource figures."""
-    return hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{arch}\0{FIGURES_VERSION}\0{source}".encode()).hexdigest()[:32]
 
 
 def _compile(source: str, arch: str, timeout: float) -> dict[str, KernelResources]:

@@ -19,6 +19,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK, STITCH_BLOCKS
+from ..core.ir_names import GEMM_K_TILE_ATTR
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
 from .rules import (AtomicRows, ColumnReduction, PartialRows, RowChain, RowReduction, SerialReduction, StitchedMatmul,
@@ -66,7 +67,7 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
         raise ScheduleError(f"stitched stages are scheduled with {' or '.join(map(str, STITCH_BLOCKS))} threads "
                             f"(asked: {block_size})")
     gemms = [TensorCoreMatmul(warps=block_size // 32),
-             StitchedMatmul(gemm_k_tile or MATMUL_K_TILE, gemm_tile and gemm_tile // MATMUL_THREADS, threads=block_size)]
+             StitchedMatmul(gemm_k_tile, gemm_tile and gemm_tile // MATMUL_THREADS, threads=block_size)]
     rest = [ColumnReduction(block_size), SerialReduction(block_size), RowReduction(block_size), dl.gpu.Fallback()]
     # The two-phase partials are cut to their GEMM's tile at STITCH_BLOCK threads
     # (``STITCH_BLOCK_ONLY_RULES``).
@@ -89,13 +90,16 @@ def rule_name(rule: dl.ScheduleRule) -> str:
 REPORTED_AS = {"StitchedMatmul": "Matmul", "RowReduction": "GeneralReduction"}
 
 
-def form_of(rule: str, block_size: int | None) -> str:
+def form_of(rule: str, block_size: int | None, func: tirx.PrimFunc | None = None) -> str:
     """A schedule's form, what the latency model's measurements are kept by: the rule's own
-    class and the block size (``dlight <rule>`` where dlight's rules chose their own)."""
+    class and the block size (``dlight <rule>`` where dlight's rules chose their own), and a
+    SIMT GEMM's K tile where the scheduled ``func`` has another than dlight's ("/k64")."""
     if block_size is None:
         return f"dlight {rule}"
     own = {v: k for k, v in REPORTED_AS.items()}.get(rule, rule)
-    return f"{own}@{block_size}"
+    attrs = func.attrs if func is not None and func.attrs is not None else {}
+    k_tile = int(attrs[GEMM_K_TILE_ATTR]) if GEMM_K_TILE_ATTR in attrs else MATMUL_K_TILE
+    return f"{own}@{block_size}" + (f"/k{k_tile}" if k_tile != MATMUL_K_TILE else "")
 
 
 def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:

@@ -15,4 +15,8 @@ MATMUL_MICROS = (4, 2, 1)
 # stitched kernels about 80 registers per thread (zoo, sm_90), so 3 blocks of 256 threads.
 STITCH_BLOCKS_PER_SM = 3
 MATMUL_K_TILE = 16            # dlight's CUDA default; larger K tiles need more shared memory
+# The K tiles a stitched SIMT GEMM may take instead: fewer, longer K steps, each one global
+# load's round trip and a barrier, where a tile's K loop is its critical path
+# (``codegen.rules.StitchedMatmul``).
+MATMUL_K_TILES = (16, 32, 64)
 STATIC_SHARED_LIMIT = 48 * 1024   # bytes a kernel may declare statically

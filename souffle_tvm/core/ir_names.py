@@ -11,6 +11,7 @@ ROW_TILE_ATTR = "souffle_partial_rows"  # ... and the GEMM tile's row count (one
 COMBINE_TILE_ATTR = "souffle_combine_tile"  # on a two-phase combine: its GEMM's tile as rows * 65536 + cols
 K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
 GEMM_TILE_ATTR = "souffle.gemm_tile"  # on a stitched GEMM stage's schedule: its output tile (rows, columns)
+GEMM_K_TILE_ATTR = "souffle.gemm_k_tile"  # ... and, on a SIMT one, its K tile (elements per K step)
 SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
 FORM_ATTR = "souffle.form"            # on scheduled group PrimFuncs: its schedule form, "<rule>@<threads>"

@@ -14,7 +14,11 @@ Counts are lower bounds, so the floors stay floors:
   sectors its active lanes' addresses fall in, evaluated at the first iteration of every
   enclosing loop (an affine index moves all lanes together, so the pattern repeats; the first
   iteration is the aligned one). An address that cannot be evaluated (a gathered index, a
-  ``cp.async``) counts as coalesced: its lanes' bytes over 32.
+  ``cp.async``) counts as coalesced: its lanes' bytes over 32;
+* an unpipelined K step is a serial or unrolled loop's iteration that stores a global load in
+  shared memory and waits at a barrier, or, where TVM unrolled a short K loop away, each of two
+  or more such store-then-barrier segments in one statement sequence (one alone is a single
+  wait, which a wave's ``latency_us`` already covers: not a chain).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class _Walk:
         self.shared = 0.0
         self.requests = self.sectors = 0.0
         self.k_steps = self.pipelined = self.barriers = 0
+        self.in_k_loop = 0                  # inside a loop whose iterations are counted as K steps
 
     # -- evaluation over the block's threads ---------------------------------------------------
     def _thread_ids(self) -> dict[str, np.ndarray]:
@@ -202,7 +207,10 @@ class _Walk:
         if warps == 0 or trips == 0:
             return
         if isinstance(s, tirx.SeqStmt):
-            for c in s.seq:
+            flat = _flat(s)      # nested sequences once, as one: their steps are counted here
+            if not self.in_k_loop:
+                self.k_steps += trips * _unrolled_steps(flat)
+            for c in flat:
                 self.stmt(c, trips, mask)
         elif isinstance(s, tirx.AttrStmt):
             if s.attr_key == "thread_extent":
@@ -259,12 +267,42 @@ class _Walk:
         extent = self._extent(loop.extent) if loop.kind != tirx.ForKind.VECTORIZED else 1
         self.loop_vars.add(loop.loop_var)
         step = _Step(loop.body)
-        if loop.kind == tirx.ForKind.SERIAL and extent > 1 and step.barrier and not step.inner:
+        counted = loop.kind in _STEPPED and extent > 1 and step.barrier and not step.inner
+        if counted:
             if step.global_to_shared:
                 self.k_steps += trips * extent
             else:
                 self.pipelined += trips * extent
+        self.in_k_loop += counted
         self.stmt(loop.body, trips * extent, mask)
+        self.in_k_loop -= counted
+
+
+_STEPPED = (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED)
+
+
+def _flat(seq: tirx.SeqStmt) -> list:
+    """The statements of ``seq`` with nested sequences spliced in."""
+    out: list = []
+    for c in seq.seq:
+        out.extend(_flat(c) if isinstance(c, tirx.SeqStmt) else [c])
+    return out
+
+
+def _unrolled_steps(flat: list) -> int:
+    """K steps of a K loop TVM unrolled into the statement sequence ``flat``: its
+    store-then-barrier segments (a store of a global load in shared memory, then a barrier),
+    where there are two or more; a statement holding a barrier of its own ends a segment."""
+    segments, pending = 0, False
+    for c in flat:
+        step = _Step(c)
+        if isinstance(c, tirx.Evaluate) and step.barrier:
+            segments, pending = segments + pending, False
+        elif step.barrier:
+            pending = False
+        elif step.global_to_shared:
+            pending = True
+    return segments if segments >= 2 else 0
 
 
 class _Step:

@@ -59,13 +59,14 @@ def _partition_rule(func: tirx.PrimFunc, raw: tirx.PrimFunc, target) -> str:
 
 def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
              timer: Timer, members: set[int] | None = None, asked: AtSizes | None = None,
-             sizes: tuple[int, ...] = STITCH_BLOCKS) -> AtSizes:
+             sizes: tuple[int, ...] = STITCH_BLOCKS, gemm_k_tile: int | None = None) -> AtSizes:
     """``members`` (default: every group that can be stitched at ``STITCH_BLOCK``) scheduled
     at each other size of ``STITCH_BLOCKS``, their facts read and a ``Timer`` made for each
     size (``timer``: the partition's). ``mod``: the groups scheduled at ``STITCH_BLOCK``;
     ``unscheduled``: the same before scheduling. ``asked``: the answer for the same groups
     earlier (a ptxas-feedback restitch), reused where it holds ``members``. ``sizes``: the
-    block sizes to price (``STITCH_BLOCK`` always)."""
+    block sizes to price (``STITCH_BLOCK`` always). ``gemm_k_tile``: the stitched GEMMs' K tile
+    where the user fixed it (``Options.gemm_k_tile``; None: chosen per GEMM)."""
     calls, raw = GroupCalls(mod, groups), GroupCalls(unscheduled, groups)
     if members is None:
         members = {i for i in calls.call_index if timer.facts.unstitchable[i] is None}
@@ -77,7 +78,8 @@ def at_sizes(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], 
     for size in sizes:
         if size == STITCH_BLOCK or not members:
             continue
-        cache, at_size = ScheduleCache(target, size), tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        cache = ScheduleCache(target, size, gemm_k_tile)
+        at_size = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
         funcs, why = {}, {i: f"{rule} schedules it at {STITCH_BLOCK} threads only" for i, rule in only.items()}
         for i in sorted(members - set(only)):
             try:

@@ -38,8 +38,9 @@ STITCHING_LEVELS = ("v3", "v4")
 
 @dataclass(frozen=True)
 class Options:
-    """How to compile. ``gemm_k_tile``: the K tile of stitched GEMM stages (v3, CUDA; default 16;
-    tiles over 48 KB of shared memory go to dynamic shared memory). ``gemm_tile``: their output
+    """How to compile. ``gemm_k_tile``: the K tile of stitched SIMT GEMM stages (v3, CUDA;
+    default: per GEMM, 16, 32 or 64, the one the latency model predicts fastest where its shared
+    memory costs no resident block; tiles over 48 KB of shared memory go to dynamic shared memory). ``gemm_tile``: their output
     tile side, 16, 32 or 64 (default: per GEMM, the one whose tile count the latency model
     predicts fills the stitched grid best). ``partitioner`` (v3):
     "budget", resource-aware (as many groups as fit), "time", resource-aware and stitching only

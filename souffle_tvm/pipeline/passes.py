@@ -66,6 +66,11 @@ def _info(mod: tvm.IRModule) -> dict:
     return dict(mod.attrs[INFO]) if mod.attrs is not None and INFO in mod.attrs else {}
 
 
+def _gemm_k_tile(info: dict) -> int | None:
+    """The K tile the user fixed for the stitched GEMMs (None: chosen per GEMM)."""
+    return int(info.get("gemm_k_tile", 0)) or None
+
+
 def _store(mod: tvm.IRModule, prog, **info) -> tvm.IRModule:
     merged = {**_info(mod), **info}
     return mod.with_attr(PROGRAM, tvm_ffi.convert(prog)).with_attr(INFO, tvm_ffi.convert(merged))
@@ -221,7 +226,9 @@ class PartitionAndEmit:
         out = emit.emit_module(prog, part, schedule=schedule, funcs=scheduled.group_funcs)
         info = {**_info(mod), "partition": part, "program": prog,
                 "unscheduled": emit.emit_module(prog, part, funcs=scheduled.group_funcs),
-                "schedule_notes": notes, "rule_failures": scheduled.failures}
+                "schedule_notes": notes, "rule_failures": scheduled.failures,
+                # the K tile the groups are scheduled with again at the other block sizes (0: chosen)
+                "gemm_k_tile": self.gemm_k_tile or 0}
         return (out.with_attr(PARAMS, tvm_ffi.convert([tvm.runtime.tensor(a) for a in prog.weight_arrays()]))
                 .with_attr(INFO, tvm_ffi.convert(info)))
 
@@ -265,7 +272,7 @@ class StitchSubprograms:
             alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
             at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
-                                      sizes=TIME_BLOCKS)
+                                      sizes=TIME_BLOCKS, gemm_k_tile=_gemm_k_tile(info))
             block_sizes.faster_alone(at, alone)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
@@ -287,7 +294,8 @@ class StitchSubprograms:
             if self.partitioner == "budget":
                 at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
                                           by_time.Timer(facts, gpu, latency.FITTED),
-                                          {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"))
+                                          {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
+                                          gemm_k_tile=_gemm_k_tile(info))
             sized = block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
                                             self.feedback.partition_block)
             if estimated:

@@ -91,7 +91,7 @@ class ScheduleCache:
                 out = done.func.with_attr(SOURCE_ATTR, f"default: {done.rule}")
                 done = dataclasses.replace(done, func=out.with_attr(NOTE_ATTR, why) if why else out)
         # the form the report checks against what a GPU has timed
-        form = schedule.form_of(done.rule, self.block_size) if done.rule != "database" else f"database@{self.block_size}"
+        form = schedule.form_of(done.rule, self.block_size, done.func) if done.rule != "database" else f"database@{self.block_size}"
         return dataclasses.replace(done, func=done.func.with_attr(FORM_ATTR, form))
 
     def _default(self, func) -> schedule.Scheduled:

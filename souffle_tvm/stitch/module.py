@@ -260,7 +260,9 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
     gv = bb.add_func(func.without_attr("global_symbol"), name)
     sinfo = [relax.TensorType([int(d) for d in t.shape], t.dtype) for t in types]
     call = bb.emit(relax.call_tir(gv, [_remap(a, env) for a in inputs], sinfo))
-    items = {key: bb.emit(relax.TupleGetItem(call, i)) for i, key in enumerate(produced) if key.kind == "out"}
+    # one output left (the rest stay on chip): call_tir gives that tensor itself, not a tuple of it
+    items = {key: call if len(sinfo) == 1 else bb.emit(relax.TupleGetItem(call, i))
+             for i, key in enumerate(produced) if key.kind == "out"}
     for pos, b in enumerate(calls):
         n_out = len(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else 1
         outs = [items[k] for k in produced if k.kind == "out" and k.pos == pos]

@@ -9,10 +9,10 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from ...core import tir_stats
-from ...core.geometry import (MATMUL_K_TILE, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREAD_GRIDS, STATIC_SHARED_LIMIT,
-                              STITCH_BLOCK)
-from ...core.ir_names import GEMM_TILE_ATTR
+from ...core import hardware, tir_stats
+from ...core.geometry import (MATMUL_K_TILE, MATMUL_K_TILES, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREAD_GRIDS,
+                              STATIC_SHARED_LIMIT, STITCH_BLOCK, STITCH_BLOCKS_PER_SM)
+from ...core.ir_names import GEMM_K_TILE_ATTR, GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
 from .gemm_tiles import ContractionWork, SimtTile, block_count, contraction_extents, stitched_seconds, tile_count
 
@@ -20,8 +20,8 @@ from .gemm_tiles import ContractionWork, SimtTile, block_count, contraction_exte
 class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
     """dlight's GEMM schedule with the thread grid of a stitched kernel's block
     (``MATMUL_THREAD_GRIDS``: 16 x 16 at 256 threads; dlight's own CUDA choice is 8 x 16) and a
-    chosen K tile. Tiles past the 48 KB a kernel may declare statically go to dynamic shared
-    memory (``shared.dyn``), which TVM's runtime opts in for at launch.
+    chosen micro tile and K tile. Tiles past the 48 KB a kernel may declare statically go to
+    dynamic shared memory (``shared.dyn``), which TVM's runtime opts in for at launch.
 
     The stage geometry: each thread computes ``micro x micro`` outputs, so at 256 threads a
     block's tile is 64, 32 or 16 wide. Unless ``micro`` is given, the rule prices each and
@@ -32,9 +32,17 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
     (its heaviest block), so a GEMM gets the same tile with or without a fused epilogue, the
     tile a two-phase partial shares (``GEMM_TILE_ATTR`` on the schedule says which).
 
+    The K loop is not pipelined: each K step loads both operands' slices into shared memory,
+    waits for them at a barrier, then computes. Where a tile's K steps are its critical path
+    (a GEMM of few tiles and a long K: EfficientNet's and ResNeXt's late 1x1 convolutions),
+    fewer, longer steps wait fewer round trips for the same loads. Unless ``k_tile`` is given,
+    the rule prices each K tile of ``MATMUL_K_TILES`` with the micro tiles and keeps the
+    fastest; a longer one only where its shared memory still lets the blocks the tiles need
+    share an SM (``_fits``), the shortest among equals (``GEMM_K_TILE_ATTR`` says which).
+
     (``import tvm`` already imports dlight, so subclassing it here costs no import time.)"""
 
-    def __init__(self, k_tile: int = MATMUL_K_TILE, micro: int | None = None, slots: int | None = None,
+    def __init__(self, k_tile: int | None = None, micro: int | None = None, slots: int | None = None,
                  threads: int = STITCH_BLOCK):
         super().__init__()
         if threads not in MATMUL_THREAD_GRIDS:
@@ -43,6 +51,7 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
         self.k_tile, self.micro, self.slots = k_tile, micro, slots
         self.grid = MATMUL_THREAD_GRIDS[threads]
         self._micro = micro or MATMUL_MICRO     # what get_configs hands dlight
+        self._k_tile = k_tile or MATMUL_K_TILE
 
     @property
     def threads(self) -> int:
@@ -57,32 +66,35 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
         config.block_size_x, config.block_size_y = self.grid     # dlight's x: the rows (inner_x=False)
         config.micro_size_x = config.micro_size_y = self._micro
         config.vthread_x = config.vthread_y = 1
-        config.micro_size_k = self.k_tile
+        config.micro_size_k = self._k_tile
         return config
 
     def apply(self, func, target, tunable):
-        if self.micro is not None:
-            return self._apply(func, target, self.micro)
+        if self.micro is not None and self.k_tile is not None:
+            return self._apply(func, target, self.micro, self.k_tile)
         # (repeats are not scheduled again: pipeline.policies keeps the default rules' schedules
         # across compiles, and each GEMM's tile for the two-phase pass)
         extents = contraction_extents(func)
         if extents == ():
             return None       # dlight's GEMM rule finds no contraction here either
+        micros = (self.micro,) if self.micro else MATMUL_MICROS
         if extents is not None:
             work = ContractionWork.of(func)
-            counts = {m: tile_count(extents, *self.tile(m)) for m in MATMUL_MICROS}
+            k = _terms(work, extents)
+            counts = {m: tile_count(extents, *self.tile(m)) for m in micros}
             # The tile count of each side is known before scheduling: schedule only the winner,
             # and search as below if its schedule has another count than predicted.
-            seconds = {m: stitched_seconds(work, counts[m], self.threads, False, target, self.slots,
-                                           simt=self._simt(work, extents, m))
-                       for m in MATMUL_MICROS}
-            micro = min(MATMUL_MICROS, key=lambda m: (seconds[m], MATMUL_MICROS.index(m)))
-            sch = self._apply(func, target, micro)
+            seconds = {(m, kt): stitched_seconds(work, counts[m], self.threads, False, target, self.slots,
+                                                 simt=SimtTile(m, kt, k))
+                       for m in micros for kt in self._k_tiles(k) if self._fits(m, kt, counts[m], work, target)}
+            micro, k_tile = min(seconds, key=lambda c: (seconds[c], MATMUL_K_TILES.index(c[1]) if c[1] in
+                                                        MATMUL_K_TILES else 0, MATMUL_MICROS.index(c[0])))
+            sch = self._apply(func, target, micro, k_tile)
             if sch is not None and not isinstance(sch, list) and block_count(sch.mod["main"]) == counts[micro]:
                 return sch
         best = None
-        for micro in MATMUL_MICROS:
-            sch = self._apply(func, target, micro)
+        for micro in micros:
+            sch = self._apply(func, target, micro, self.k_tile or MATMUL_K_TILE)
             if sch is None or isinstance(sch, list):
                 if best is None:
                     return sch
@@ -93,35 +105,65 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
         return best[1]
 
     def predicted_seconds(self, func: tirx.PrimFunc, scheduled: tirx.PrimFunc, target: tvm.target.Target) -> float:
-        """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles on
-        the resident blocks of a stitched kernel (an estimate; grid-stride, so extra waves
-        restart tiles)."""
+        """The latency model's time for the contraction of ``func`` in ``scheduled``'s tiles (its
+        ``GEMM_TILE_ATTR`` and ``GEMM_K_TILE_ATTR``) on the resident blocks of a stitched kernel
+        (an estimate; grid-stride, so extra waves restart tiles)."""
         work = ContractionWork.of(func)
         extents = contraction_extents(func)
+        attrs = scheduled.attrs if scheduled.attrs is not None else {}
+        micro = int(attrs[GEMM_TILE_ATTR][0]) // self.grid[0] if GEMM_TILE_ATTR in attrs else self._micro
+        k_tile = int(attrs[GEMM_K_TILE_ATTR]) if GEMM_K_TILE_ATTR in attrs else self._k_tile
         return stitched_seconds(work, block_count(scheduled), self.threads, False, target, self.slots,
-                                simt=self._simt(work, extents, self._micro) if extents else None)
+                                simt=SimtTile(micro, k_tile, _terms(work, extents)) if extents else None)
 
-    def _simt(self, work: ContractionWork, extents: tuple[int, ...], micro: int) -> SimtTile:
-        """The tile's inner loop: K from the contraction's flops over its outputs."""
-        k = max(work.flops // max(2 * math.prod(extents), 1), 1)
-        return SimtTile(micro, self.k_tile, k)
+    def _k_tiles(self, k: int) -> tuple[int, ...]:
+        """The K tiles to price for a contraction of ``k`` terms: the one given, else the default
+        and each longer one the contraction fills (a step past K would load padding)."""
+        if self.k_tile is not None:
+            return (self.k_tile,)
+        return tuple(t for t in MATMUL_K_TILES if t == MATMUL_K_TILE or t <= k)
 
-    def _apply(self, func, target, micro: int):
-        self._micro = micro
+    def _fits(self, micro: int, k_tile: int, tiles: int, work: ContractionWork, target) -> bool:
+        """Whether a K tile longer than the default keeps the blocks the GEMM's ``tiles`` need
+        per SM resident (at most the ``slots`` the model prices them on: by default a stitched
+        kernel's ``STITCH_BLOCKS_PER_SM`` of 256 threads), its operand slices within the static
+        shared-memory limit: the model does not price the occupancy a longer step's shared
+        memory costs, so a choice must not lose any."""
+        if self.k_tile is not None or k_tile == MATMUL_K_TILE:
+            return True
+        gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
+        shared = 2 * _slice_bytes(self.tile(micro), k_tile, work.elem_bytes)
+        slots = self.slots or gpu.sms * max(1, STITCH_BLOCKS_PER_SM * STITCH_BLOCK // self.threads)
+        per_sm = math.ceil(min(tiles, slots) / gpu.sms)
+        return shared <= STATIC_SHARED_LIMIT and hardware.occupancy(gpu, self.threads, 0, shared).blocks_per_sm >= per_sm
+
+    def _apply(self, func, target, micro: int, k_tile: int):
+        self._micro, self._k_tile = micro, k_tile
         sch = super().apply(func, target, False)
         if sch is None or isinstance(sch, list):
             return sch
         rows, cols = self.tile(micro)
         shared = [b for b in _blocks(sch) if any(str(w.source.ty.storage_scope) == "shared"
                                                  for w in sch.get(b).writes)]
-        # Per K step each shared buffer holds a tile side x k_tile (the allocations still have
-        # the full operand shape here; compaction comes later): counted at the longer side.
-        total = sum(max(rows, cols) * self.k_tile * tir_stats.dtype_bytes(w.source.ty.dtype)
+        total = sum(_slice_bytes((rows, cols), k_tile, tir_stats.dtype_bytes(w.source.ty.dtype))
                     for b in shared for w in sch.get(b).writes)
         if total > STATIC_SHARED_LIMIT:
             for b in shared:
                 sch.set_scope(b, 0, "shared.dyn")
-        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, [rows, cols]))
+        return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, [rows, cols])
+                              .with_attr(GEMM_K_TILE_ATTR, k_tile))
+
+
+def _terms(work: ContractionWork, extents: tuple[int, ...]) -> int:
+    """The contraction's K: its flops over its outputs."""
+    return max(work.flops // max(2 * math.prod(extents), 1), 1)
+
+
+def _slice_bytes(tile: tuple[int, int], k_tile: int, elem_bytes: int) -> int:
+    """One operand's slice of a K step in shared memory, counted at the tile's longer side (the
+    allocations still have the full operand shape when the schedule is made; compaction comes
+    later)."""
+    return max(tile) * k_tile * elem_bytes
 
 
 def _blocks(sch) -> list:
