@@ -92,7 +92,7 @@ def plot(rows: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(rows)
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     width = 0.2
     series = [("before, fitted K step", lambda b, a: b["graph_ms"], "#bbbbbb"),
               ("after, fitted K step", lambda b, a: a["graph_ms"], "#3b75af"),
@@ -105,7 +105,7 @@ def plot(rows: dict, path: Path) -> None:
     ax.set_ylabel("predicted graph time / before (fitted)")
     ax.set_title("SIMT GEMM K tile chosen vs dlight's 16 (latency-model estimates, no GPU)")
     ax.axhline(1.0, color="black", linewidth=0.6)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

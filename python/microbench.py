@@ -44,7 +44,7 @@ os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 import gpu_check  # noqa: E402 - imports no TVM
 
 ARCH = gpu_check.ARCH
-DATE = "2026-12-03"
+DATE = "2026-12-04"
 PREDICTIONS = ROOT / "results" / "latency" / f"microbench-predictions-{DATE}.json"
 CARRY_LIMIT = 64 * 2**20       # what one device call carries
 SMS = 132                      # H200; prepare takes it from core.hardware
