@@ -50,6 +50,62 @@ def test_a_k_loop_is_counted_by_hand():
 
 
 @T.prim_func(s_tir=True)
+def _scaled_in_place(a_ptr: f32_ptr(), s_ptr: f32_ptr()):
+    T.func_attr({"tirx.is_global_func": True, "tirx.noalias": True})
+    a = T.decl_buffer((4096,), data=a_ptr)
+    s = T.decl_buffer((1,), data=s_ptr)
+    with T.launch_thread("blockIdx.x", 4) as bx:
+        tile = T.alloc_shared((256,))
+        tx = T.launch_thread("threadIdx.x", 64)
+        for i in range(4):
+            tile[i * 64 + tx] = a[bx * 1024 + i * 64 + tx]
+        for i in range(4):
+            T.tvm_storage_sync("shared")
+            tile[i * 64 + tx] = tile[i * 64 + tx] / s[0]
+        T.tvm_storage_sync("shared")
+        a[bx * 1024 + tx] = tile[63 - tx]
+
+
+def test_a_loop_invariant_load_is_not_a_k_step():
+    """A row scaled in place by ``s[0]`` behind a barrier each iteration (a row chain's softmax
+    normalisation): the scale does not move with the loop, so nothing new is waited for from
+    global memory; the 4 iterations are barrier steps, not K steps."""
+    c = tir_counts.block_counts(_scaled_in_place)
+    assert (c.k_steps, c.pipelined_steps, c.barriers) == (0, 4, 5)
+
+
+@T.prim_func(s_tir=True)
+def _unrolled(a_ptr: f32_ptr(), c_ptr: f32_ptr()):
+    T.func_attr({"tirx.is_global_func": True, "tirx.noalias": True})
+    a = T.decl_buffer((4096,), data=a_ptr)
+    c = T.decl_buffer((64,), data=c_ptr)
+    with T.launch_thread("blockIdx.x", 4) as bx:
+        acc = T.alloc_local((1,))
+        tile = T.alloc_shared((64,))
+        tx = T.launch_thread("threadIdx.x", 64)
+        acc[0] = T.float32(0.0)
+        tile[tx] = a[bx * 1024 + tx]
+        T.tvm_storage_sync("shared")
+        acc[0] = acc[0] + tile[tx] * tile[63 - tx]
+        T.tvm_storage_sync("shared")
+        tile[tx] = a[bx * 1024 + 64 + tx]
+        T.tvm_storage_sync("shared")
+        acc[0] = acc[0] + tile[tx] * tile[63 - tx]
+        T.tvm_storage_sync("shared")
+        tile[tx] = a[bx * 1024 + 128 + tx]
+        T.tvm_storage_sync("shared")
+        acc[0] = acc[0] + tile[tx] * tile[63 - tx]
+        c[tx] = acc[0]
+
+
+def test_a_k_loop_tvm_unrolled_is_counted_step_by_step():
+    """The K loop above at 3 steps, unrolled as TVM unrolls short loops: each store of a global
+    load in shared memory, then a barrier, is a step (they counted 0 before 2026-12-04)."""
+    c = tir_counts.block_counts(_unrolled)
+    assert (c.k_steps, c.pipelined_steps, c.barriers) == (3, 0, 5)
+
+
+@T.prim_func(s_tir=True)
 def _sectors(a_ptr: f32_ptr(), b_ptr: f32_ptr(), c_ptr: f32_ptr()):
     T.func_attr({"tirx.is_global_func": True, "tirx.noalias": True})
     a = T.decl_buffer((4096,), data=a_ptr)

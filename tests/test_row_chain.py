@@ -139,6 +139,25 @@ def test_row_chain_rule_at_bert_base_size():
     assert stage.blocks["blockIdx.x"][1] == 12 * 384 // 16
 
 
+def test_each_term_loads_its_operands_once_at_bert_base_size():
+    """A BERT-base layer's chain at 256 threads (8 warps), counted from the built kernel: the
+    operands of each term come into registers once, not once per micro-tile iteration that does
+    not move them (Q's row element across a thread's 2 columns, V's across its 4 rows: 25,952
+    requests a block before). Per warp: K staged 3 chunks x 32 loads, Q 3 x 64 terms x 4 rows,
+    the score scale 3 softmax loops x 24, V 384 terms x 1, the output 4 stores."""
+    from souffle_tvm.build.executable import device_counts
+
+    groups, readers = _chain_groups(_program(bert.build(bert.BertConfig(layers=1), "float16")))
+    func, _ = emit.group_primfunc(groups[0], outputs_of(groups[0], readers))
+    done = schedule.schedule_group(func, CUDA, 256)
+    assert done.rule == "RowChain", done.notes
+    (counts,) = device_counts(done.func, CUDA)
+    assert counts.global_requests == 8 * (3 * 32 + 3 * 64 * 4 + 3 * 24 + 384 + 4)
+    # and the row's scaling behind a barrier each iteration waits on no global load (K steps
+    # are the 3 staged chunks only)
+    assert counts.k_steps == 3
+
+
 def test_stitched_bert_reads_only_the_chain_inputs_from_global_memory():
     """Small BERT fp16 at v3 (ptxas, counted traffic): the chain's stage reads Q, K, V and
     writes its output, nothing else (the scores never leave the chip), and nothing spills."""

@@ -266,7 +266,7 @@ class _Walk:
     def _loop(self, loop, trips: int, mask) -> None:
         extent = self._extent(loop.extent) if loop.kind != tirx.ForKind.VECTORIZED else 1
         self.loop_vars.add(loop.loop_var)
-        step = _Step(loop.body)
+        step = _Step(loop.body, loop.loop_var)
         counted = loop.kind in _STEPPED and extent > 1 and step.barrier and not step.inner
         if counted:
             if step.global_to_shared:
@@ -308,10 +308,27 @@ def _unrolled_steps(flat: list) -> int:
 class _Step:
     """What one iteration of a loop body holds: a shared barrier, a store of a global load straight
     into shared memory (an unpipelined K step), and whether an inner loop holds a barrier (then the
-    inner loop is the step)."""
+    inner loop is the step). With the loop's ``var``, only a load whose address moves with it
+    streams: a loop-invariant one (a softmax's scale, ``s[0]``) is not waited for every iteration."""
 
-    def __init__(self, body):
+    def __init__(self, body, var=None):
         self.barrier = self.global_to_shared = self.inner = False
+
+        # what an iteration can move: the loop's variable and every one bound inside its body
+        moving: list = [var] if var is not None else []
+        if var is not None:
+            tvm_ffi.structural_walk(body, [(tirx.For, lambda f: moving.append(f.loop_var)),
+                                           (tirx.Bind, lambda b: moving.append(b.var)),
+                                           (tirx.LetStmt, lambda b: moving.append(b.var))])
+
+        def streams(ld) -> bool:
+            if var is None:
+                return True
+            found: list = []
+            for i in ld.indices:
+                tvm_ffi.structural_walk(i, (tirx.Var, lambda v: found.append(v) if any(v.same_as(m) for m in moving)
+                                            else None))
+            return bool(found)
 
         def call(c):
             name = _op(c)
@@ -321,8 +338,9 @@ class _Step:
         def store(s):
             if _scope(s.buffer).startswith("shared"):
                 loads: list = []
-                tvm_ffi.structural_walk(s.value, (tvm.ir.TensorLoad, lambda ld: loads.append(_scope(ld.source))))
-                self.global_to_shared |= "global" in loads
+                tvm_ffi.structural_walk(s.value, (tvm.ir.TensorLoad, lambda ld: loads.append(
+                    _scope(ld.source) == "global" and streams(ld))))
+                self.global_to_shared |= any(loads)
 
         def loop(f):
             inner: list = []

@@ -161,6 +161,12 @@ def _micro_tile(sch: s_tir.Schedule, block, rows, cols, summed, tile: int, threa
         sch.bind(tc, "threadIdx.x")
         elem = tir_stats.dtype_bytes(str(src.ty.dtype))
         sch.storage_align(copy, 0, axis=len(src.ty.shape) - 2, factor=32, offset=max(1, 4 // elem))
+    # each term's operand elements into registers once per term: inside the micro-tile's loops a
+    # load that does not depend on one of them (Q's row element across a thread's columns, V's
+    # across its rows) would be issued again for every iteration of it
+    acc = sch.get(block).writes[0].source
+    for i in [i for i, r in enumerate(sch.get(block).reads) if not r.source.same_as(acc)]:
+        sch.compute_at(sch.cache_read(block, i, "local", consumer_blocks=[block]), summed)
 
 
 def _shape(sch: s_tir.Schedule, block) -> tuple[list[int], list[int]] | None:
