@@ -315,7 +315,7 @@ class _Step:
         self.barrier = self.global_to_shared = self.inner = False
 
         # what an iteration can move: the loop's variable and every one bound inside its body
-        moving: list = [var] if var is not None else []
+        moving = [var]
         if var is not None:
             tvm_ffi.structural_walk(body, [(tirx.For, lambda f: moving.append(f.loop_var)),
                                            (tirx.Bind, lambda b: moving.append(b.var)),
@@ -326,8 +326,7 @@ class _Step:
                 return True
             found: list = []
             for i in ld.indices:
-                tvm_ffi.structural_walk(i, (tirx.Var, lambda v: found.append(v) if any(v.same_as(m) for m in moving)
-                                            else None))
+                tvm_ffi.structural_walk(i, (tirx.Var, lambda v: found.extend(m for m in moving if v.same_as(m))))
             return bool(found)
 
         def call(c):

@@ -87,8 +87,8 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
             seconds = {(m, kt): stitched_seconds(work, counts[m], self.threads, False, target, self.slots,
                                                  simt=SimtTile(m, kt, k))
                        for m in micros for kt in self._k_tiles(k) if self._fits(m, kt, counts[m], work, target)}
-            micro, k_tile = min(seconds, key=lambda c: (seconds[c], MATMUL_K_TILES.index(c[1]) if c[1] in
-                                                        MATMUL_K_TILES else 0, MATMUL_MICROS.index(c[0])))
+            # among equals the shortest step (least shared memory), then the micro tile's order
+            micro, k_tile = min(seconds, key=lambda c: (seconds[c], c[1], MATMUL_MICROS.index(c[0])))
             sch = self._apply(func, target, micro, k_tile)
             if sch is not None and not isinstance(sch, list) and block_count(sch.mod["main"]) == counts[micro]:
                 return sch
