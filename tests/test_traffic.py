@@ -134,6 +134,37 @@ def test_coalesced_and_transposed_reads_are_told_apart():
 
 
 @T.prim_func(s_tir=True)
+def _vector_copy_and_erf(a: f32(256), b: f32(256), c: f32(256)):
+    T.func_attr({"global_symbol": "k", "tirx.noalias": True})
+    for bx in T.thread_binding(1, thread="blockIdx.x"):
+        for tx in T.thread_binding(64, thread="threadIdx.x"):
+            for v in T.vectorized(4):
+                with T.sblock("b"):
+                    i = T.axis.spatial(256, tx * 4 + v)
+                    b[i] = a[i]
+            for v in T.vectorized(4):
+                with T.sblock("c"):
+                    i = T.axis.spatial(256, tx * 4 + v)
+                    c[i] = T.erf(a[i])
+
+
+def test_a_vector_access_is_one_request_unless_the_build_scalarizes_it():
+    """64 threads, four floats each (lanes 16 bytes apart). The copy is a float4 load and store
+    on the GPU: one request a warp, 16 sectors (512 bytes). TVM's VectorizeLoop cannot vectorize
+    ``erf`` and scalarizes its loop: four requests a warp, each over the same 16 sectors. The
+    emulator had counted a request per element of both (64 sectors a warp for the copy)."""
+    a = np.random.default_rng(1).standard_normal(256).astype("float32")
+    outs, launches = _count(_vector_copy_and_erf, [a, np.zeros_like(a), np.zeros_like(a)])
+    assert np.array_equal(outs[1], a)
+    (launch,) = launches.values()
+    bufs = {buf.name: buf for buf in launch.buffers}
+    assert (bufs["b"].write_requests, bufs["b"].write_sectors) == (2, 2 * 16)
+    assert (bufs["c"].write_requests, bufs["c"].write_sectors) == (2 * 4, 2 * 4 * 16)
+    assert (bufs["a"].read_requests, bufs["a"].read_sectors) == (2 + 2 * 4, 2 * 16 + 2 * 4 * 16)
+    assert launch.sectors_exact
+
+
+@T.prim_func(s_tir=True)
 def _row_per_thread(x: f32(32, 64), s: f32(32)):
     T.func_attr({"global_symbol": "k", "tirx.noalias": True})
     for bx in T.thread_binding(1, thread="blockIdx.x"):

@@ -16,6 +16,9 @@ SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
 FORM_ATTR = "souffle.form"            # on scheduled group PrimFuncs: its schedule form, "<rule>@<threads>"
 STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage's own block count
+# The emulator's mark on a vectorized loop it runs as a serial loop inside each thread: one
+# access per thread on the GPU (``runtime.traffic_probe`` counts its elements as one request).
+EMULATED_VECTOR = "souffle.emulated_vector"
 STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
 FUSED = "souffle.fused_stages"            # on a loop running several stages per virtual block (``stitch.channel``)
 MIN_BLOCKS_ATTR = "souffle.min_blocks_per_sm"   # on a stitched PrimFunc: its register cap, as blocks per SM

@@ -39,6 +39,7 @@ from ..stitch.dependence import ATOMIC_ADD
 from ..stitch.kernel_ir import BARRIERS, calls_to, is_grid_sync, op_name, strip_prefetch
 from ..stitch.lower import launch_form
 from ..stitch.rolling import unroll
+from . import vectors
 
 _I64 = "int64"
 # CUDA warp matrix intrinsics (m = n = k = 16): see _Block._wmma
@@ -138,7 +139,7 @@ class _Block:
 
     def for_all_threads(self, stmt) -> tirx.Stmt:
         t = tirx.Var("t", _I64)
-        body = _serial(self.per_thread(stmt, t))
+        body = vectors.serial(self.per_thread(stmt, t))
         if self.probe is not None:              # threads in the run's order, every access checked
             return self.probe.threads(t, self.n, body)
         return tirx.For(t, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)
@@ -150,6 +151,10 @@ class _Block:
             return _seq([self.run(s) for s in stmt.seq])
         if isinstance(stmt, tirx.AllocBuffer):
             return self._alloc(stmt.buffer)
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.VECTORIZED and not calls_to(stmt, BARRIERS):
+            # one vector access per thread on the GPU, not a statement per element (the race
+            # checker's ThreadSync may put a barrier between a vector's store and load: lock step)
+            return self.for_all_threads(stmt)
         if isinstance(stmt, tirx.For) and not uses(stmt.min, tv) and not uses(stmt.extent, tv):
             if self.probe is not None and STAGE_BLOCKS in stmt.annotations:
                 self.probe.stage()
@@ -312,12 +317,6 @@ class _Block:
                                                for th, body in zip(t, loops)])
 
 
-def _serial(stmt):
-    """Vectorized/unrolled loops become serial: the CPU program need not vectorise."""
-    return tvm_ffi.structural_map(stmt, (tirx.For, lambda f: tirx.For(f.loop_var, f.min, f.extent, tirx.ForKind.SERIAL,
-                                                                       f.body) if f.kind != tirx.ForKind.SERIAL else f))
-
-
 def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
     """Launch attributes off the top of a region; virtual threads become serial loops."""
     blocks, threads, vthreads = {}, {}, []
@@ -436,7 +435,7 @@ def emulate_primfunc(func: tirx.PrimFunc, target: tvm.target.Target, name: str =
     V4's prefetch loops are dropped, or with ``prefetches`` (``prefetch_probe.PrefetchProbe``)
     run as records of the lines they name, next to the lines each phase reads of those buffers."""
     func = strip_prefetch(func) if prefetches is None else prefetches.mark(func)
-    low = launch_form(unroll(func, fresh=True), target, name)
+    low = vectors.as_built(launch_form(unroll(func, fresh=True), target, name), target)
     if prefetches is not None:
         prefetches.lowered(low)
     if probe is not None:

@@ -37,7 +37,7 @@ import tvm_ffi
 from tvm import tirx
 
 from ..errors import EmulationError
-from ..core.ir_names import STAGE_BLOCKS
+from ..core.ir_names import EMULATED_VECTOR, STAGE_BLOCKS
 from .instrumented import as64, guarded_loads, i64, numel, on_flat_block, seq
 
 REPORT = "souffle_tvm.traffic.report"
@@ -242,8 +242,9 @@ class TrafficProbe:
         """One lock-step statement ``body`` of thread ``t``, for every thread, every access counted."""
         if n > _WARP * _WARPS:
             raise EmulationError(f"{self.name}: a block of {n} threads (at most {_WARP * _WARPS} counted)")
-        loops = []
-        tvm_ffi.structural_walk(body, (tirx.For, lambda f: loops.append(f)))
+        loops = []      # a vector's elements are one access of the thread, not a loop
+        tvm_ffi.structural_walk(body, (tirx.For, lambda f: loops.append(f) if EMULATED_VECTOR not in f.annotations
+                                       else None))
         counter = self._counter(body, n) if loops else None
         if counter is not None:
             self.looped_segments.add(self.segment)

@@ -34,6 +34,19 @@ def contraction_extents(func: tirx.PrimFunc) -> tuple[int, ...] | None:
     return tuple(int(e) for e in shape[:3])
 
 
+def normalize(sch: s_tir.Schedule, block) -> None:
+    """dlight's step 0 (tvm/s_tir/dlight/gpu/matmul.py): the GEMM ``block`` rewritten to
+    ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` through reindexed operands and output."""
+    reindex_a = sch.reindex(block, ("read", 0))
+    reindex_b = sch.reindex(block, ("read", 1))
+    reindex_c = sch.reindex(block, ("write", 0))
+    matmul_index_map, a_index_map, b_index_map, c_index_map = get_index_map(sch.get(block))
+    sch.transform_layout(reindex_a, ("write", 0), a_index_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_index_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_index_map)
+    sch.transform_block_layout(block, matmul_index_map)
+
+
 def tile_count(extents: tuple[int, ...], rows: int, cols: int) -> int:
     """Blocks of ``rows x cols`` output tiles over a contraction of ``extents``."""
     batch, m, n = extents

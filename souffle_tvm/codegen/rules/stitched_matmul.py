@@ -8,13 +8,18 @@ import math
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
+                                         get_in_out_dtypes, get_index_map, get_reduction_blocks)
 
 from ...core import hardware, tir_stats
 from ...core.geometry import (MATMUL_K_TILE, MATMUL_K_TILES, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREAD_GRIDS,
                               STATIC_SHARED_LIMIT, STITCH_BLOCK, STITCH_BLOCKS_PER_SM)
 from ...core.ir_names import GEMM_K_TILE_ATTR, GEMM_TILE_ATTR
+from . import coalesced_fetch
 from .base import CUDAScheduleRule
-from .gemm_tiles import ContractionWork, SimtTile, block_count, contraction_extents, stitched_seconds, tile_count
+from .gemm_tiles import (ContractionWork, SimtTile, block_count, contraction_extents, normalize, stitched_seconds,
+                         tile_count)
 
 
 class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
@@ -139,7 +144,7 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
 
     def _apply(self, func, target, micro: int, k_tile: int):
         self._micro, self._k_tile = micro, k_tile
-        sch = super().apply(func, target, False)
+        sch = self._schedule(func, target)
         if sch is None or isinstance(sch, list):
             return sch
         rows, cols = self.tile(micro)
@@ -152,6 +157,69 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
                 sch.set_scope(b, 0, "shared.dyn")
         return s_tir.Schedule(sch.mod["main"].with_attr(GEMM_TILE_ATTR, [rows, cols])
                               .with_attr(GEMM_K_TILE_ATTR, k_tile))
+
+
+    def _schedule(self, func: tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule | None:  # noqa: C901
+        """dlight's ``Matmul.apply`` on CUDA (tvm/s_tir/dlight/gpu/matmul.py, steps 0 and 2),
+        unchanged but for the operand copies (``coalesced_fetch``); a GEMM dlight hands to its
+        tensor-core rule (step 1) goes there."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        config = self.get_configs(target)
+        sch = s_tir.Schedule(func)
+        reduction_blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if reduction_blocks is None or not get_index_map(sch.get(reduction_blocks[0])):
+            return None
+        main_block = reduction_blocks[0]
+        normalize(sch, main_block)      # C[S, I, J] += A[S, I, K] * B[S, J, K]
+        if _tensorizes(sch.get(main_block), target):
+            return super().apply(func, target, False)
+
+        rows, cols = config.block_size_x * config.micro_size_x, config.block_size_y * config.micro_size_y
+        sch.pad_einsum(main_block, [1, rows, cols, config.micro_size_k])
+        batch, x, y, k = sch.get_loops(main_block)
+        by, vy, ty, yi = sch.split(y, [None, 1, config.block_size_y, config.micro_size_y])
+        bx, vx, tx, xi = sch.split(x, [None, 1, config.block_size_x, config.micro_size_x])
+        ko, ki = sch.split(k, factors=[None, config.micro_size_k])
+        sch.reorder(by, bx, vy, vx, ty, tx, ko, ki, xi, yi)
+        by = sch.fuse(batch, by)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(by, "blockIdx.y")
+        sch.bind(vy, "vthread.y")
+        sch.bind(vx, "vthread.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        if config.micro_size_y % config.vector_size == 0:
+            _, v = sch.split(yi, [None, config.vector_size])
+            sch.vectorize(v)
+        sch.annotate(tx, ann_key="pragma_auto_unroll_max_step", ann_val=config.unroll)
+        sch.annotate(tx, ann_key="pragma_unroll_explicit", ann_val=1)
+        l2g = sch.cache_write(main_block, 0, "local")
+        sch.reverse_compute_at(l2g, tx, preserve_unit_loops=True)
+        if config.micro_size_x % config.vector_size == 0:
+            _, v = sch.split(sch.get_loops(l2g)[-1], [None, config.vector_size])
+            sch.vectorize(v)
+        copies = []
+        for operand in (0, 1):
+            copy = sch.cache_read(main_block, operand, "shared")
+            sch.compute_at(copy, ko, preserve_unit_loops=True)
+            copies.append(copy)
+        for copy in copies:
+            auto_inline_producers(sch, copy)      # before the layout: the copy reads the source itself
+            coalesced_fetch.fetch(sch, copy, (config.block_size_y, config.block_size_x), config.vector_size,
+                                  config.storage_align)
+        auto_inline_consumer_chain(sch, l2g)
+        sch.decompose_reduction(main_block, ko)
+        return sch
+
+
+def _tensorizes(block: tirx.SBlock, target: tvm.target.Target) -> bool:
+    """dlight's step 1: whether its ``Matmul`` hands this normalised GEMM to a tensor-core rule."""
+    if check_sm_version(str(target.attrs.get("arch", ""))) < 70:
+        return False
+    if any(isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value <= 64 for iv in block.iter_vars[1:]):
+        return False
+    return get_in_out_dtypes(block) in (("int8", "int32"), ("float16", "float16"), ("float16", "float32"))
 
 
 def _terms(work: ContractionWork, extents: tuple[int, ...]) -> int:

@@ -29,7 +29,7 @@ from tvm import s_tir, tirx
 
 from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
-from .gemm_tiles import ContractionWork, stitched_seconds, tile_count
+from .gemm_tiles import ContractionWork, normalize, stitched_seconds, tile_count
 
 # wmma fragment, and the smallest GEMM dimension dlight's Matmul still tensorizes
 MICRO = 16
@@ -121,16 +121,8 @@ class TensorCoreMatmul(CUDAScheduleRule):
         if get_in_out_dtypes(sch.get(reduction_blocks[0])) not in (("float16", "float16"), ("float16", "float32")):
             return None
 
-        # Normalize to C[S, I, J] += A[S, I, K] * B[S, J, K]
         main_block = reduction_blocks[0]
-        reindex_a = sch.reindex(main_block, ("read", 0))
-        reindex_b = sch.reindex(main_block, ("read", 1))
-        reindex_c = sch.reindex(main_block, ("write", 0))
-        matmul_index_map, a_index_map, b_index_map, c_index_map = get_index_map(sch.get(main_block))
-        sch.transform_layout(reindex_a, ("write", 0), a_index_map)
-        sch.transform_layout(reindex_b, ("write", 0), b_index_map)
-        sch.transform_layout(reindex_c, ("read", 0), c_index_map)
-        sch.transform_block_layout(main_block, matmul_index_map)
+        normalize(sch, main_block)      # C[S, I, J] += A[S, I, K] * B[S, J, K]
         extents = [iv.dom.extent for iv in sch.get(main_block).iter_vars]
         if any(isinstance(e, tirx.IntImm) and e.value <= MIN_EXTENT for e in extents[1:]):
             return None      # too small for tensor cores: the SIMT rule takes it
