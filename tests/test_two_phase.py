@@ -114,11 +114,7 @@ def test_partials_run_in_the_gemm_blocks_with_one_grid_sync(stitched):
     assert k.grid_syncs == 1 and k.safety.ok
 
 
-@pytest.mark.parametrize("reverse", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-    "open: emulate_module(reverse=True) (the probe-less path) computes wrong softmax/LayerNorm values for "
-    "this kernel since TiledCombine, nondeterministically (reads memory it should not); the race checker's "
-    "emulation of the same kernel agrees with onnxruntime in ascending, descending and shuffled orders "
-    "(test_onchip)")))])
+@pytest.mark.parametrize("reverse", [False, True])
 def test_emulated_kernel_matches_the_reference(stitched, reverse):
     m, s = stitched
     _assert_emulated_matches(m, s, reverse)

@@ -359,7 +359,7 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
         else:
             cur.append(s)
     phases.append(cur)
-    out = []
+    out, tables = [], {}
     for phase in phases:
         def block(phase=phase):
             emu = _Block(thread_vars, n_threads, probe, resident).run(_seq(phase))
@@ -375,13 +375,29 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
             if tag in blocks:
                 var, ext = blocks[tag]
                 if reverse:
+                    table, _ = tables.get(tag) or tables.setdefault(tag, _descending(var, ext))
                     down = tirx.Var(var.name + "_down", dtype_of(var))
-                    emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v, f=fresh[var], d=down, e=ext:
-                                                      tirx.const(e - 1, dtype_of(v)) - d if v.same_as(f) else v))
+                    emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v, f=fresh[var], d=down, t=table:
+                                                      tirx.BufferLoad(t, [d]) if v.same_as(f) else v))
                     fresh[var] = down
                 emu = tirx.For(fresh[var], tirx.const(0, dtype_of(var)), tirx.const(ext, dtype_of(var)), tirx.ForKind.SERIAL, emu)
         out.append(emu)
+    for table, fill in tables.values():
+        head += [tirx.AllocBuffer(table), fill]
     return _seq(head + out)
+
+
+def _descending(var, ext: int) -> tuple[tirx.Buffer, tirx.Stmt]:
+    """The table of block indices last to first that a reversed phase reads its block index from.
+    Not ``ext - 1 - down`` in the index expressions: TVM 0.27's IterMapSimplify, which FlattenBuffer
+    runs on every index, drops the remainder of the constant of a dividend whose iterator has a
+    negative scale (``(127 - b) // 8`` becomes ``b // -8 + 15``, wrong unless 8 divides b), and
+    the emulated kernel read other blocks' tiles (docs/tvm-workarounds.md)."""
+    table = tirx.decl_buffer([_i64(ext)], dtype_of(var), f"{var.name}_descending", scope="global")
+    i = tirx.Var("i", _I64)
+    fill = tirx.For(i, _i64(0), _i64(ext), tirx.ForKind.SERIAL,
+                    tirx.BufferStore(table, _cast(dtype_of(var), _i64(ext - 1) - i), [i]))
+    return table, fill
 
 
 def _resident(allocs: list, blocks: dict, probe) -> tuple[dict, list]:
