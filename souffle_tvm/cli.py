@@ -17,7 +17,7 @@ import numpy as np
 
 from .core import progress
 from . import zoo
-from .errors import DynamicShapeError, SouffleError, SouffleWarning, UnknownInputError
+from .errors import DynamicShapeError, MiscompileError, SouffleError, SouffleWarning, UnknownInputError
 from .frontend.binding import parse_bind
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -447,6 +447,11 @@ def _for_the_cli(err: Exception) -> str:
 def _run(handler, args) -> int:
     try:
         return handler(args)
+    except MiscompileError as err:
+        # TVM's bug, not the input: one line, but the exit code of an internal error
+        progress.clear()
+        print(f"souffle-tvm: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_INTERNAL
     except (SouffleError, OSError, ValueError, KeyError) as err:
         # Bad input: a missing file, an unknown target, a malformed model. One line, no traceback.
         progress.clear()

@@ -59,6 +59,11 @@ class StitchError(SouffleError):
     """The stages cannot be stitched as given (mismatched block sizes, barriers under guards...)."""
 
 
+class MiscompileError(SouffleError):
+    """TVM would build a kernel that computes something other than its TIR says (a known TVM
+    bug, named in the message): refused rather than run."""
+
+
 class OptionsError(SouffleError, ValueError):
     """A compile option has a value that does not exist, or does not apply to the target."""
 

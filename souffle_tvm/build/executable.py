@@ -25,6 +25,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
+from . import index_guard
 from .cooperative import attach_cooperative_launch
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
@@ -274,8 +275,9 @@ def build(mod: tvm.IRModule, target: tvm.target.Target, stats_from: tvm.IRModule
     # stitched kernels come in launch form: under a root block, as TVM's Relax passes require
     fused = ensure_root_blocks(fuse(mod, target))
     t1 = time.perf_counter()
-    with recording() as kernels:
+    with recording() as kernels, index_guard.watching() as hazards:
         ex = tvm.compile(fused, target, relax_pipeline=lower_passes(target), tir_pipeline=TIR_PIPELINE)
+    index_guard.check(hazards)
     t2 = time.perf_counter()
     calls = primfunc_calls(fused)
     flops, footprints = unscheduled_stats(stats_from if stats_from is not None else mod, target)

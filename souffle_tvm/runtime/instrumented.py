@@ -12,6 +12,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from ..build import index_guard
 from ..stitch.kernel_ir import decompose, op_name
 from ..te.rewrite import cast_like, dtype_of
 from .emulate import emulate_primfunc
@@ -96,8 +97,10 @@ class _Skip:
 def _compile(mod: tvm.IRModule):
     """llvm at -O0 with the optimising TIR passes left out: the emulated kernels run for
     milliseconds, their compilation took seconds (bert: 30 s, now 4)."""
-    with tvm.transform.PassContext(instruments=[_Skip()]):
-        return tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
+    with tvm.transform.PassContext(instruments=[_Skip()]), index_guard.watching() as hazards:
+        built = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
+    index_guard.check(hazards)
+    return built
 
 
 class RunSession:
