@@ -81,3 +81,16 @@ def test_other_call_tir_stays_opaque_and_runs(level):
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     (y,) = runner.run_vm(ex, [], [x])
     np.testing.assert_allclose(y, np.maximum(np.maximum(x, 0).sum(1), 0), rtol=1e-5, atol=1e-6)
+
+
+def test_other_call_tir_stays_opaque_at_the_default_level_on_cuda():
+    # the default's time partitioner prices on-chip credits from every group's call; an opaque
+    # group has none of ours (a KeyError ended the compile before 2026-12-05)
+    mod = _with_a_reduction_call_tir()
+    default = Options(level="auto").resolved()
+    souffle = results.run(mod, make_target("cuda"), [], default)
+    assert souffle.options.partitioner == "time" and len(souffle.program.opaque) == 1
+    ex = executable.build(results.run(mod, make_target("llvm"), [], default).mod, make_target("llvm")).executable
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    (y,) = runner.run_vm(ex, [], [x])
+    np.testing.assert_allclose(y, np.maximum(np.maximum(x, 0).sum(1), 0), rtol=1e-5, atol=1e-6)

@@ -107,7 +107,7 @@ def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) 
     bound = {b.var for b in calls.bindings}       # a weight is a constant or a parameter of main
     readers: dict = {}          # weight expression -> its reader groups in order
     args_of = {}
-    for g in range(len(calls.groups)):
+    for g in calls.call_index:                    # opaque groups (TVM's own kernels) have no call of ours
         call = calls.calls[calls.call_index[g]]
         args_of[g] = list(call.args[1].fields)
         for a in args_of[g]:
