@@ -108,6 +108,9 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
         kind = analysis.classify(op)[0]
         prods = producers(op)
         chain = chain_of.get(op)
+        if op in members:
+            current.members.append(t)      # another output of an op the group computes (argmin's value)
+            continue
         if chain is not None and not op.same_as(chain.head.op):
             if current is not None and current.row_chain:
                 current.members.append(t)

@@ -77,9 +77,13 @@ def _one_output_per_thread(func: tirx.PrimFunc, threads: int) -> s_tir.Schedule 
             sch.reverse_compute_at(info.block_rv, tx)
     except (RuntimeError, ValueError):    # tvm's ScheduleError: a consumer that is not elementwise
         return None
+    # Each sum (every value of a tuple reduction: argmin's index and value) stays in its thread's
+    # registers unless it is the group's output; left in an allocated global buffer, CUDA
+    # codegen refuses the kernel ("Cannot allocate global memory").
     params = list(func.params)
-    if len(infos) > 1 and not any(w.source.same_as(p) for w in sch.get(block).writes for p in params):
-        sch.set_scope(block, 0, "local")      # the sum stays in its thread's registers
+    for i, w in enumerate(sch.get(block).writes):
+        if not any(w.source.same_as(p) for p in params):
+            sch.set_scope(block, i, "local")
     sch.decompose_reduction(block, r_loops[0])
     return sch
 
