@@ -31,6 +31,7 @@ from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
+from ..codegen.rules import NothingToWrite
 from ..core import tir_counts, tir_stats
 from ..core.floors import BlockCounts
 from ..core.root_block import ensure_root_blocks
@@ -211,9 +212,11 @@ def _legalize_passes(p, target: tvm.target.Target) -> list:
     passes = list(p.legalize_passes(target))
     if is_cuda(target) and passes and isinstance(passes[-1], tvm.transform.Pass) and "ApplyDefaultSchedule" in str(
             passes[-1].info.name):
-        # TVM 0.27's own rule list (relax/backend/cuda/pipeline.py), each passed over where it raises
+        # TVM 0.27's own rule list (relax/backend/cuda/pipeline.py), each passed over where it raises,
+        # after a function that writes only empty tensors is given its empty schedule
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
-        passes[-1] = dl.ApplyDefaultSchedule(*[_passed_over_if_raising(r) for r in rules], dl.gpu.Fallback())
+        passes[-1] = dl.ApplyDefaultSchedule(NothingToWrite(), *[_passed_over_if_raising(r) for r in rules],
+                                             dl.gpu.Fallback())
     return passes
 
 

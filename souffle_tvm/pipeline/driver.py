@@ -140,14 +140,20 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
 def _faster_of(souffle: Compiled, tvm_build: Compiled) -> Compiled:
     """Souffle's build, unless the latency model predicts TVM's own faster under a CUDA graph
     (an estimate); the report that is returned carries both figures and both compile times."""
-    ours, theirs = souffle.report.latency["graph_ms"], tvm_build.report.latency["graph_ms"]
+    ours = souffle.report.latency["graph_ms"]
+    theirs = (tvm_build.report.latency or {}).get("graph_ms")     # none where TVM's build launches nothing
     waited = souffle.report.compile_seconds + tvm_build.report.compile_seconds
-    if ours <= theirs:
+    # TVM's build with kernels the model cannot price is no comparison: ours is kept
+    if ours <= theirs if theirs is not None else tvm_build.report.launches > 0:
         souffle.report.latency["tvm_graph_ms"] = theirs
         souffle.report.compile_seconds = round(waited, 3)
         return souffle
     report = tvm_build.report
     report.fusion, report.compile_seconds = "souffle", round(waited, 3)
+    if theirs is None:      # a constant model: TVM folds it whole at compile time
+        report.fallback = (f"TVM's own build launches no kernel (the model folds to constants); "
+                           f"it is used ({ours:.3f} ms predicted for Souffle's v3)")
+        return tvm_build
     report.latency["souffle_graph_ms"] = ours
     report.fallback = (f"the latency model predicts TVM's own kernels faster under a CUDA graph: {theirs:.3f} ms "
                        f"against {ours:.3f} ms for Souffle's v3 (estimates); TVM's build is used")

@@ -25,8 +25,8 @@ from .schema import KernelReport, Report
 
 def _kernel_flops(kernels: list[DeviceKernel], flops: dict[str, int]) -> list[int]:
     """Split a PrimFunc's block flops over its kernels by which kernel stores each block's buffer."""
-    if len(kernels) == 1:
-        return [sum(flops.values())]
+    if len(kernels) <= 1:         # none: a function that launches nothing (``NothingToWrite``)
+        return [sum(flops.values())] if kernels else []
     out = [0] * len(kernels)
     for buf, f in flops.items():
         owner = next((i for i, k in enumerate(kernels) if buf in k.stored), 0)

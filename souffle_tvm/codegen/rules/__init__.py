@@ -17,10 +17,13 @@ takes that size):
   convolutions), one output per thread, where the latency model predicts it faster.
 - ``row_reduction.RowReduction``: dlight's ``gpu.GeneralReduction`` at the block size
   (reported as "GeneralReduction").
+- ``nothing_to_write.NothingToWrite``: a function that only writes empty tensors (first, at
+  every block size and in TVM's own rule list: dlight divides by its zero extents).
 """
 
 from .atomic_rows import AtomicRows
 from .column_reduction import ColumnReduction
+from .nothing_to_write import NothingToWrite
 from .stitched_matmul import StitchedMatmul
 from .partial_rows import PartialRows
 from .row_chain import RowChain
@@ -29,5 +32,5 @@ from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 from .tiled_combine import TiledCombine
 
-__all__ = ["AtomicRows", "ColumnReduction", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
+__all__ = ["AtomicRows", "ColumnReduction", "NothingToWrite", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
            "TensorCoreMatmul", "TiledCombine"]
