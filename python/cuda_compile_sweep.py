@@ -1,7 +1,7 @@
 """Every model of ONNX's conformance suite compiled for CUDA at the default level: which compile,
 which are refused with the project's clear error, which crash.
 
-    python python/cuda_compile_sweep.py run OUT.jsonl [--shard I --shards N] [--only SUBSTRING]
+    python python/cuda_compile_sweep.py run OUT.jsonl [--shard I --shards N] [--only SUBSTRING] [--emulate]
     python python/cuda_compile_sweep.py table OUT.jsonl [BEFORE.jsonl] > results.md
 
 ``onnx_conformance.py`` runs the suite on llvm (numerics); this compiles the same models for
@@ -11,6 +11,9 @@ Models: the node tests the onnx package makes and its shipped simple, pytorch-co
 pytorch-operator models (nothing downloaded). Outcomes: ok; refused (a ``SouffleError``: the
 clear error a user gets); crash (anything else, with the deepest frame of ours). Each model
 has 120 s; a run resumes where OUT.jsonl stops, so a shard killed half-way loses one model.
+With ``--emulate`` each model's default-level CUDA module (our kernels as scheduled and stitched,
+before TVM's build) runs in the GPU emulator against onnxruntime instead: match, mismatch (a wrong
+kernel: relative L2 over 1e-3) or not emulated (the emulator or the reference cannot run it).
 """
 
 from __future__ import annotations
@@ -72,14 +75,75 @@ def compile_one(name: str, blob: bytes) -> dict:
             "seconds": round(time.perf_counter() - t, 2)}
 
 
-def run(out: Path, shard: int, shards: int, only: str | None) -> None:
+def _differs(name: str, got, want) -> str | None:
+    """Why ``got`` is not ``want``: NaN and infinities where the reference has them (random inputs
+    outside an op's domain: acos of 2), the rest within relative L2 1e-3 (1e-2 for float16)."""
+    import numpy as np
+
+    g, w = np.asarray(got), np.asarray(want)
+    if g.shape != w.shape:
+        return f"{name}: shape {g.shape} against {w.shape}"
+    if g.dtype.kind not in "fc":
+        return None if np.array_equal(g, w) else f"{name}: {int(np.sum(g != w))} of {g.size} differ"
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    special = ~np.isfinite(w64)
+    if not np.array_equal(np.isnan(g64), np.isnan(w64)) or not np.array_equal(g64[special & ~np.isnan(w64)],
+                                                                           w64[special & ~np.isnan(w64)]):
+        return f"{name}: NaN or infinity where the reference has none, or not where it has"
+    if np.any(~np.isfinite(g64[~special])):
+        return f"{name}: NaN or infinity where the reference is finite"
+    rel = np.linalg.norm(g64[~special] - w64[~special]) / max(np.linalg.norm(w64[~special]), 1e-30)
+    return f"{name}: rel L2 {rel:.2e}" if rel > (1e-2 if g.dtype == np.float16 else 1e-3) else None
+
+
+def emulate_one(name: str, blob: bytes, seed: int = 0) -> dict:
+    """The default level's CUDA module (before TVM's build: our kernels as scheduled and stitched)
+    run in the GPU emulator on seeded inputs, against onnxruntime: match, mismatch (a wrong
+    kernel), or not emulated (the emulator or the reference cannot run it, with why)."""
+    import onnx
+    import tvm
+
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.pipeline.options import Options
+    from souffle_tvm.runtime import emulate, runner
+
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(f"over {LIMIT_S} s")))
+    signal.alarm(LIMIT_S)
+    t = time.perf_counter()
+    try:
+        m = import_onnx(onnx.load_from_string(blob))
+        souffle = results.run(m.mod, make_target("cuda"), m.params, Options(level="auto").resolved())
+        feeds = runner.random_inputs(m.inputs, seed)
+        try:
+            _, ref = runner.reference_outputs(m.onnx_model, feeds)
+        except Exception as err:  # noqa: BLE001 - onnxruntime refuses the random inputs (indices, shapes)
+            raise LookupError(f"no reference: {str(err).splitlines()[0][:200]}") from None
+        ex = tvm.compile(emulate.emulate_module(souffle.mod, make_target("cuda")), target=make_target("llvm"))
+        outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+        bad = [why for name, got, want in zip(m.outputs, outs, ref) if (why := _differs(name, got, want))]
+        outcome = "mismatch" if bad else "match"
+        message = "; ".join(bad) or f"{len(souffle.stitched)} stitched"
+    except Exception as err:  # noqa: BLE001 - recorded, with the deepest frame of ours
+        ours = [f for f in traceback.extract_tb(err.__traceback__) if "souffle_tvm" in f.filename]
+        where = f" @ {Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else ""
+        outcome, message = "not emulated", f"{type(err).__name__}: {err}{where}"
+    finally:
+        signal.alarm(0)
+    return {"name": name, "outcome": outcome, "message": " ".join(message.split())[:400],
+            "seconds": round(time.perf_counter() - t, 2)}
+
+
+def run(out: Path, shard: int, shards: int, only: str | None, emulated: bool = False) -> None:
     warnings.filterwarnings("ignore")
+    one = emulate_one if emulated else compile_one
     blobs = models()
     done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
     names = [n for n in sorted(blobs)[shard::shards] if n not in done and (not only or only in n)]
     with out.open("a") as fh:
         for i, name in enumerate(names):
-            row = compile_one(name, blobs[name])
+            row = one(name, blobs[name])
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             print(f"[{i + 1}/{len(names)}] {name}: {row['outcome']}", file=sys.stderr, flush=True)
@@ -89,19 +153,21 @@ def table(rows: list[dict], before: list[dict] | None) -> str:
     counts = Counter(r["outcome"] for r in rows)
     lines = ["| outcome | models |" + (" before |" if before else ""), "| --- | --- |" + (" --- |" if before else "")]
     old = Counter(r["outcome"] for r in before) if before else None
-    for k in ("ok", "refused", "crash"):
+    for k in ("ok", "refused", "crash", "match", "mismatch", "not emulated"):
+        if not counts.get(k) and not (old and old.get(k)):
+            continue
         lines.append(f"| {k} | {counts.get(k, 0)} |" + (f" {old.get(k, 0)} |" if old else ""))
-    crashes = [r for r in rows if r["outcome"] == "crash"]
+    crashes = [r for r in rows if r["outcome"] in ("crash", "mismatch")]
     if crashes:
-        lines += ["", "| crash | message |", "| --- | --- |"] + [f"| {r['name']} | {r['message']} |" for r in crashes]
+        lines += ["", "| crash or mismatch | message |", "| --- | --- |"] + [f"| {r['name']} | {r['message']} |" for r in crashes]
     if before:
         was = {r["name"]: r for r in before}
         fixed = [r for r in rows if r["outcome"] != "crash" and was.get(r["name"], {}).get("outcome") == "crash"]
         if fixed:
             lines += ["", "| crashed before | before | now |", "| --- | --- | --- |"] + \
                      [f"| {r['name']} | {was[r['name']]['message'][:160]} | {r['outcome']} |" for r in fixed]
-    refused = Counter(r["message"].split(":")[0] for r in rows if r["outcome"] == "refused")
-    lines += ["", "| refused with | models |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in refused.most_common()]
+    refused = Counter(r["message"].split(":")[0] for r in rows if r["outcome"] in ("refused", "not emulated"))
+    lines += ["", "| refused or not emulated: the error | models |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in refused.most_common()]
     return "\n".join(lines)
 
 
@@ -111,8 +177,10 @@ def _read(path: str) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "run":
-        opt = dict(zip(argv[2::2], argv[3::2]))
-        run(Path(argv[1]), int(opt.get("--shard", 0)), int(opt.get("--shards", 1)), opt.get("--only"))
+        args = [a for a in argv[2:] if a != "--emulate"]
+        opt = dict(zip(args[::2], args[1::2]))
+        run(Path(argv[1]), int(opt.get("--shard", 0)), int(opt.get("--shards", 1)), opt.get("--only"),
+            "--emulate" in argv)
     elif len(argv) >= 2 and argv[0] == "table":
         print(table(_read(argv[1]), _read(argv[2]) if len(argv) > 2 else None))
     else:

@@ -131,6 +131,26 @@ def test_row_chain_rule_on_swin_windows(swin_prog):
     _check_rule(swin_prog, 1e-2)
 
 
+def _attention(heads: int, rows: int, length: int, dim: int):
+    """softmax(Q Kᵀ) V over ``heads`` heads of ``rows`` queries and ``length`` keys."""
+    from onnx import TensorProto, helper
+
+    def io(name, n):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, heads, n, dim])
+    nodes = [helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]), helper.make_node("MatMul", ["Q", "Kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "V"], ["Y"])]
+    graph = helper.make_graph(nodes, "attention", [io("Q", rows), io("K", length), io("V", length)], [io("Y", rows)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("rows,length,block", [(49, 49, 256), (49, 49, 512), (8, 6, 256), (16, 48, 256), (16, 48, 512)])
+def test_row_chain_rule_on_rows_its_lanes_do_not_divide(rows, length, block):
+    """A row of 49 scores over 32 lanes (Swin-B's 7 x 7 windows): each lane's share of the row
+    reduction must stop at the row's end. Before 2026-12-05 rfactor dropped the ragged split's
+    predicate and the maximum and sum ran into the next row: wrong softmax, NaN past the tile."""
+    _check_rule(_program(_attention(4, rows, length, 16)), 1e-5, block)
+
+
 @pytest.mark.slow
 def test_row_chain_rule_at_bert_base_size():
     """One full-size BERT layer's attention (12 heads x 384 rows, fp16): 288 blocks of 16 rows."""

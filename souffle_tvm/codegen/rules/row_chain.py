@@ -74,11 +74,15 @@ class RowChain(CUDAScheduleRule):
         # partial (``rfactor``), then one lane per row adds the row's partials. A stitched
         # kernel launches one thread dimension, so a cross-thread reduction over the lanes of a
         # row alone (``tvm_thread_allreduce``) is not available to it.
+        # A row's lanes: the most of ``lanes`` that divide the row. rfactor drops the predicate of
+        # a ragged split, and the partials then summed past the row's end, into the next row's
+        # scores (49-long rows over 32 lanes: wrong attention; tests/test_row_chain.py).
+        shares = max(d for d in range(1, lanes + 1) if length % d == 0)
         parts = {}
         for b, (_, red) in middle:
             if b in kept and red:
                 *_, kk = sch.get_loops(b)
-                _, ki = sch.split(kk, [None, lanes])
+                _, ki = sch.split(kk, [None, shares])
                 parts[b] = sch.rfactor(ki, factor_axis=len(rows))
         tail = blocks[-1]
         *lead, r, n, k = sch.get_loops(tail)
@@ -95,10 +99,10 @@ class RowChain(CUDAScheduleRule):
         for b in kept:
             if b in parts:
                 # rfactor puts the lane axis first: the partial's loops are (lane, *rows, share),
-                # the combine's (lane, *rows); thread t is lane t % lanes of row t // lanes
+                # the combine's (lane, *rows); thread t is share t % shares of row t // shares
                 lp = sch.get_loops(parts[b])[-(len(rows) + 2):]
                 sch.reorder(*lp[1:-2], lp[-2], lp[0])
-                t = sch.fuse(lp[-2], lp[0])
+                _, t = sch.split(sch.fuse(lp[-2], lp[0]), [None, self.threads])    # fewer shares: threads idle
                 sch.bind(t, "threadIdx.x")
                 # sums in registers, stored once: a barrier can go after, not inside, the loops
                 sch.reverse_compute_at(sch.cache_write(parts[b], 0, "local"), t)
