@@ -46,3 +46,27 @@ def test_compiles_for_cuda_and_matches_onnxruntime_on_llvm(models, name, level):
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
     (c,) = runner.compare(compiled.model.outputs, outs, ref)
     assert c.finite and c.rel_l2 == 0, c
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_kernels_emulated_match_onnxruntime(models, name):
+    """The CUDA module's kernels in the GPU emulator: the tuple reduction's index and value are
+    combined across the threads of a row together (a two-value ``tvm_thread_allreduce``, which
+    the emulator refused before 2026-12-05)."""
+    import tvm
+
+    from souffle_tvm.runtime import emulate
+    from souffle_tvm.stitch import kernel_ir, lower
+
+    m = import_onnx(models[name])
+    souffle = results.run(m.mod, make_target("cuda"), m.params, Options(level="auto").resolved())
+    sizes = [int(c.args[0].value) for gv, f in souffle.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+             for c in kernel_ir.calls_to(lower.launch_form(f, make_target("cuda"), gv.name_hint).body,
+                                         ("tirx.tvm_thread_allreduce",))]
+    assert 2 in sizes
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, make_target("cuda")), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 3)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    (c,) = runner.compare(m.outputs, outs, ref)
+    assert c.finite and c.rel_l2 == 0, c

@@ -277,24 +277,24 @@ class _Block:
         raise EmulationError(f"a cross-thread reduction over {e}, not a thread index")
 
     def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
-        """``tvm_thread_allreduce(size, v, cond, out, *idx)``: every thread of a group gets the
-        combination, in thread order, of its group's values where ``cond`` holds. Groups: threads
-        whose flat indices agree once the reduced thread dimensions (``idx``, each with its
-        stride) are zeroed: a reduction over ``threadIdx.x`` groups by warp row, one over
-        ``threadIdx.y`` by lane."""
+        """``tvm_thread_allreduce(size, *values, cond, *outs, *idx)``: every thread of a group gets
+        the combination, in thread order, of its group's values where ``cond`` holds (``size``
+        values at once: ArgMin's index and value). Groups: threads whose flat indices agree once
+        the reduced thread dimensions (``idx``, each with its stride) are zeroed: a reduction over
+        ``threadIdx.x`` groups by warp row, one over ``threadIdx.y`` by lane."""
         reducer = attr.node
         calls = calls_to(attr.body, ("tirx.tvm_thread_allreduce",))
         if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
             raise EmulationError("an unexpected cross-thread reduction form")
         args = list(calls[0].args)
         size = int(args[0].value)
-        if size != 1:
-            raise EmulationError(f"a {size}-value cross-thread reduction (only one value is modelled)")
-        value, cond, out, idx = args[1], args[2], args[3], args[4:]
-        if not isinstance(out, tvm.ir.TensorLoad):
+        values, cond, outs, idx = args[1:1 + size], args[1 + size], args[2 + size:2 + 2 * size], args[2 + 2 * size:]
+        if not all(isinstance(out, tvm.ir.TensorLoad) for out in outs):
             raise EmulationError("a cross-thread reduction whose result is not a buffer element")
-        # one accumulator per group, indexed by the group key t - idx(t) (in [0, n)): O(n)
-        acc = tirx.decl_buffer([_i64(self.n)], dtype_of(value), "allreduce_acc", scope="global")
+        # one accumulator per value and group, indexed by the group key t - idx(t) (in [0, n)): O(n)
+        acc = [tirx.decl_buffer([_i64(self.n)], dtype_of(v), f"allreduce_acc{j}", scope="global")
+               for j, v in enumerate(values)]
+        new = [tirx.decl_buffer([_i64(1)], dtype_of(v), f"allreduce_new{j}", scope="global") for j, v in enumerate(values)]
 
         def key(th):
             # the group of thread th: its flat index with the reduced thread dimensions zeroed
@@ -304,17 +304,22 @@ class _Block:
             return k if idx else _i64(0)
 
         t = [tirx.Var(f"t{i}", _I64) for i in range(3)]
-        at = lambda th: tirx.BufferLoad(acc, [key(th)])  # noqa: E731
-        combined = tvm_ffi.structural_map(reducer.result[0], (tirx.Var, lambda v: at(t[1]) if v.same_as(reducer.lhs[0])
-                                                              else (self.per_thread(value, t[1])
-                                                                    if v.same_as(reducer.rhs[0]) else v)))
+        lhs = {v: tirx.BufferLoad(a, [key(t[1])]) for v, a in zip(reducer.lhs, acc)}
+        rhs = {v: self.per_thread(x, t[1]) for v, x in zip(reducer.rhs, values)}
+        combined = [tvm_ffi.structural_map(r, (tirx.Var, lambda v: next((e for k, e in [*lhs.items(), *rhs.items()]
+                                                                         if k.same_as(v)), v)))
+                    for r in reducer.result]
+        # every value combined from the accumulators as they were, then stored
+        step = _seq([tirx.BufferStore(b, c, [_i64(0)]) for b, c in zip(new, combined)]
+                    + [tirx.BufferStore(a, tirx.BufferLoad(b, [_i64(0)]), [key(t[1])]) for a, b in zip(acc, new)])
         loops = [
-            tirx.BufferStore(acc, reducer.identity_element[0], [key(t[0])]),
-            tirx.IfThenElse(self.per_thread(cond, t[1]), tirx.BufferStore(acc, combined, [key(t[1])]), None),
-            self.per_thread(tirx.BufferStore(out.source, at(t[2]), list(out.indices)), t[2]),
+            _seq([tirx.BufferStore(a, e, [key(t[0])]) for a, e in zip(acc, reducer.identity_element)]),
+            tirx.IfThenElse(self.per_thread(cond, t[1]), step, None),
+            _seq([self.per_thread(tirx.BufferStore(out.source, tirx.BufferLoad(a, [key(t[2])]), list(out.indices)), t[2])
+                  for a, out in zip(acc, outs)]),
         ]
-        return _seq([tirx.AllocBuffer(acc)] + [tirx.For(th, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body)
-                                               for th, body in zip(t, loops)])
+        return _seq([tirx.AllocBuffer(b) for b in acc + new]
+                    + [tirx.For(th, _i64(0), _i64(self.n), tirx.ForKind.SERIAL, body) for th, body in zip(t, loops)])
 
 
 def _peel(region) -> tuple[dict, dict, tirx.Stmt]:
