@@ -38,3 +38,22 @@ def test_still_matches_onnxruntime_on_llvm(models, name):
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
     for c in runner.compare(compiled.model.outputs, outs, ref):
         assert c.finite and c.rel_l2 < 1e-6, c
+
+
+def test_a_function_writing_only_empty_tensors_emulates_as_nothing(models):
+    import tvm
+
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.pipeline.options import Options
+    from souffle_tvm.runtime import emulate
+
+    m = import_onnx(models["test_causal_conv_with_state_kernel_size_one_expanded"])
+    souffle = results.run(m.mod, make_target("cuda"), m.params, Options(level="auto").resolved())
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, make_target("cuda")), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 2)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    out, state = runner.compare(m.outputs, outs, ref)
+    assert out.finite and out.rel_l2 < 1e-6 and state.rel_l2 == 0
