@@ -18,6 +18,7 @@ kernel: relative L2 over 1e-3) or not emulated (the emulator or the reference ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,6 +48,31 @@ def models() -> dict[str, bytes]:
     return out
 
 
+@contextlib.contextmanager
+def _time_limit():
+    def too_long(*_):
+        raise TimeoutError(f"over {LIMIT_S} s")
+
+    signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def _failure(err: BaseException) -> str:
+    """The error, with the deepest frame of ours it passed through."""
+    ours = [f for f in traceback.extract_tb(err.__traceback__) if "souffle_tvm" in f.filename]
+    where = f" @ {Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def _row(name: str, outcome: str, message: str, started: float) -> dict:
+    return {"name": name, "outcome": outcome, "message": " ".join(message.split())[:400],
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
 def compile_one(name: str, blob: bytes) -> dict:
     """One model's outcome: ok, refused (a SouffleError) or crash, with what was said."""
     import onnx
@@ -54,25 +80,16 @@ def compile_one(name: str, blob: bytes) -> dict:
     from souffle_tvm.errors import SouffleError
     from souffle_tvm.pipeline.driver import compile as compile_model
 
-    def too_long(*_):
-        raise TimeoutError(f"over {LIMIT_S} s")
-
-    signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(LIMIT_S)
     t = time.perf_counter()
     try:
-        r = compile_model(onnx.load_from_string(blob), "cuda", "souffle", nvcc=False).report
+        with _time_limit():
+            r = compile_model(onnx.load_from_string(blob), "cuda", "souffle", nvcc=False).report
         outcome, message = "ok", f"{r.fusion} {r.launches} launches" + (" (fallback)" if r.fallback else "")
     except SouffleError as err:
         outcome, message = "refused", f"{type(err).__name__}: {err}"
     except Exception as err:  # noqa: BLE001 - a crash is what this looks for
-        ours = [f for f in traceback.extract_tb(err.__traceback__) if "souffle_tvm" in f.filename]
-        where = f" @ {Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else ""
-        outcome, message = "crash", f"{type(err).__name__}: {err}{where}"
-    finally:
-        signal.alarm(0)
-    return {"name": name, "outcome": outcome, "message": " ".join(message.split())[:400],
-            "seconds": round(time.perf_counter() - t, 2)}
+        outcome, message = "crash", _failure(err)
+    return _row(name, outcome, message, t)
 
 
 def _differs(name: str, got, want) -> str | None:
@@ -109,30 +126,24 @@ def emulate_one(name: str, blob: bytes, seed: int = 0) -> dict:
     from souffle_tvm.pipeline.options import Options
     from souffle_tvm.runtime import emulate, runner
 
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(f"over {LIMIT_S} s")))
-    signal.alarm(LIMIT_S)
     t = time.perf_counter()
     try:
-        m = import_onnx(onnx.load_from_string(blob))
-        souffle = results.run(m.mod, make_target("cuda"), m.params, Options(level="auto").resolved())
-        feeds = runner.random_inputs(m.inputs, seed)
-        try:
-            _, ref = runner.reference_outputs(m.onnx_model, feeds)
-        except Exception as err:  # noqa: BLE001 - onnxruntime refuses the random inputs (indices, shapes)
-            raise LookupError(f"no reference: {str(err).splitlines()[0][:200]}") from None
-        ex = tvm.compile(emulate.emulate_module(souffle.mod, make_target("cuda")), target=make_target("llvm"))
-        outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
-        bad = [why for name, got, want in zip(m.outputs, outs, ref) if (why := _differs(name, got, want))]
+        with _time_limit():
+            m = import_onnx(onnx.load_from_string(blob))
+            souffle = results.run(m.mod, make_target("cuda"), m.params, Options(level="auto").resolved())
+            feeds = runner.random_inputs(m.inputs, seed)
+            try:
+                _, ref = runner.reference_outputs(m.onnx_model, feeds)
+            except Exception as err:  # noqa: BLE001 - onnxruntime refuses the random inputs (indices, shapes)
+                raise LookupError(f"no reference: {str(err).splitlines()[0][:200]}") from None
+            ex = tvm.compile(emulate.emulate_module(souffle.mod, make_target("cuda")), target=make_target("llvm"))
+            outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+        bad = [why for output, got, want in zip(m.outputs, outs, ref) if (why := _differs(output, got, want))]
         outcome = "mismatch" if bad else "match"
         message = "; ".join(bad) or f"{len(souffle.stitched)} stitched"
     except Exception as err:  # noqa: BLE001 - recorded, with the deepest frame of ours
-        ours = [f for f in traceback.extract_tb(err.__traceback__) if "souffle_tvm" in f.filename]
-        where = f" @ {Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else ""
-        outcome, message = "not emulated", f"{type(err).__name__}: {err}{where}"
-    finally:
-        signal.alarm(0)
-    return {"name": name, "outcome": outcome, "message": " ".join(message.split())[:400],
-            "seconds": round(time.perf_counter() - t, 2)}
+        outcome, message = "not emulated", _failure(err)
+    return _row(name, outcome, message, t)
 
 
 def run(out: Path, shard: int, shards: int, only: str | None, emulated: bool = False) -> None:
