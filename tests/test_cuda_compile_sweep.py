@@ -57,3 +57,42 @@ def test_a_function_writing_only_empty_tensors_emulates_as_nothing(models):
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
     out, state = runner.compare(m.outputs, outs, ref)
     assert out.finite and out.rel_l2 < 1e-6 and state.rel_l2 == 0
+
+
+def _mean_of_all():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0, 1], keepdims=0)], "mean",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_reduction_to_a_scalar_is_not_launched_once_per_term():
+    """dlight's GeneralReduction schedules a mean over every axis (a 0-d result) as a host loop
+    that launches a one-thread kernel per term: 65,536 launches for 64 x 1024, each counted as
+    one call. Such a schedule is passed over (``schedule.host_loops``), in our rules and in TVM's
+    own list: no loop of either module runs around a launch, and the CUDA kernels, emulated,
+    match onnxruntime."""
+    import tvm
+
+    from souffle_tvm.build.executable import fuse
+    from souffle_tvm.codegen.schedule import host_loops
+    from souffle_tvm.core.targets import make_target
+    from souffle_tvm.frontend.importer import import_onnx
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.pipeline.options import Options
+    from souffle_tvm.runtime import emulate
+
+    m = import_onnx(_mean_of_all())
+    cuda = make_target("cuda")
+    souffle = results.run(m.mod, cuda, m.params, Options(level="auto").resolved())
+    for mod in (souffle.mod, fuse(m.mod, cuda)):               # ours, TVM's
+        funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        assert funcs and not any(host_loops(f) for f in funcs)
+    ex = tvm.compile(emulate.emulate_module(souffle.mod, cuda), target=make_target("llvm"))
+    feeds = runner.random_inputs(m.inputs, 4)
+    outs = runner.run_vm(ex, souffle.params, runner.check_feeds(m.inputs, feeds))
+    _, ref = runner.reference_outputs(m.onnx_model, feeds)
+    (c,) = runner.compare(m.outputs, outs, ref)
+    assert c.finite and c.rel_l2 < 1e-5, c

@@ -32,6 +32,7 @@ from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
 from ..codegen.rules import NothingToWrite
+from ..codegen.schedule import host_loops
 from ..core import tir_counts, tir_stats
 from ..core.floors import BlockCounts
 from ..core.root_block import ensure_root_blocks
@@ -186,10 +187,11 @@ def _backend(target: tvm.target.Target):
 
 
 def _passed_over_if_raising(rule):
-    """A dlight rule that, where it raises, does not apply (the next rule is tried), as our own
-    rules are treated in ``codegen.schedule``. dlight's Matmul raises "There are some consumers
-    of the cache-write stage that are not properly inlined" on one of EfficientNet's fused
-    functions (torch exports, ``--fusion tvm`` on CUDA), which ended the whole build.
+    """A dlight rule that, where it raises or launches its kernel from a host loop, does not apply
+    (the next rule is tried), as our own rules are treated in ``codegen.schedule``. dlight's Matmul
+    raises "There are some consumers of the cache-write stage that are not properly inlined" on
+    one of EfficientNet's fused functions (torch exports, ``--fusion tvm`` on CUDA), which ended
+    the whole build; its GeneralReduction launches a reduction to a 0-d result once per term.
 
     Before an fp16 function, the CUDA tensor intrinsics dlight's Matmul imports are registered
     our way (``register_tensor_intrinsics``: 3 s instead of dlight's import of every target's)."""
@@ -199,9 +201,12 @@ def _passed_over_if_raising(rule):
         if is_cuda(target) and any(str(getattr(p.ty, "dtype", "")) == "float16" for p in func.params):
             register_tensor_intrinsics(target)
         try:
-            return rule.apply(func, target, tunable)
+            sch = rule.apply(func, target, tunable)
         except Exception:  # noqa: BLE001 - dlight raises AssertionError/ScheduleError/...; Fallback follows
             return None
+        # a kernel launched per iteration of a host loop (GeneralReduction on a 0-d result): Fallback follows
+        one = sch[0] if isinstance(sch, list) and sch else sch
+        return None if one is not None and host_loops(one.mod["main"]) else sch
 
     return dl.ScheduleRule.from_callable(type(rule).__name__)(apply)
 

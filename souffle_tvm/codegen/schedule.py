@@ -123,6 +123,25 @@ def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:
     return bad
 
 
+def host_loops(func: tirx.PrimFunc) -> list[str]:
+    """The serial loops (extent over 1) a scheduled ``func`` runs around a thread-bound loop:
+    on the GPU each iteration is a kernel launch from the host. dlight's ``GeneralReduction``
+    schedules a reduction to a 0-d result that way: a global mean of 64 x 1024 became 65,536
+    one-thread launches adding one term each (docs/tvm-workarounds.md)."""
+    found = []
+
+    def visit(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING or not isinstance(loop.extent, tirx.IntImm) or int(loop.extent) <= 1:
+            return
+        bound = []
+        tvm_ffi.structural_walk(loop.body, (tirx.For, lambda x: bound.append(x) if x.kind == tirx.ForKind.THREAD_BINDING
+                                             else None))
+        if bound:
+            found.append(str(loop.loop_var.name))
+    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
+    return found
+
+
 def undefined_buffers(func: tirx.PrimFunc) -> list[str]:
     """Names of the buffers ``func`` loads or stores that nothing defines: no parameter, block
     allocation, match_buffer, AllocBuffer or DeclBuffer.
@@ -190,6 +209,11 @@ def schedule_group(func: tirx.PrimFunc, target: tvm.target.Target, block_size: i
                 # dlight's rule then raises; do what that would do: the rule does not apply here.
                 notes.append(RuleNote(name, f"{name}: its schedule reads {', '.join(lost)}, which TVM's "
                                             f"reverse_compute_inline removed (an epilogue with several outputs)"))
+                continue
+            around = host_loops(out) if rule_name(rule) != "Fallback" else []
+            if around:
+                notes.append(RuleNote(name, f"{name}: its schedule launches a kernel in each iteration of the "
+                                            f"host loop(s) {', '.join(around)}"))
                 continue
             twice = epilogue_in_init(out)
             if twice:
