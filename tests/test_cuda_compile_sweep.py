@@ -96,3 +96,30 @@ def test_a_reduction_to_a_scalar_is_not_launched_once_per_term():
     _, ref = runner.reference_outputs(m.onnx_model, feeds)
     (c,) = runner.compare(m.outputs, outs, ref)
     assert c.finite and c.rel_l2 < 1e-5, c
+
+
+def test_a_k_loop_that_rebinds_threads_to_copy_tiles_is_no_host_loop():
+    """dlight's GEMM runs its K loop inside the launch, re-binding threadIdx to copy each tile:
+    device code, not a loop of launches (a first version of ``host_loops`` refused it, and BERT
+    fell to Fallback GEMMs)."""
+    from tvm.s_tir import dlight as dl
+    from tvm.script import tirx as T
+
+    from souffle_tvm.codegen.schedule import host_loops
+    from souffle_tvm.core.targets import make_target
+
+    @T.prim_func(s_tir=True)
+    def matmul(a: T.Buffer((256, 256), "float32"), b: T.Buffer((256, 256), "float32"),
+               c: T.Buffer((256, 256), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i, j, k in T.grid(256, 256, 256):
+            with T.sblock("c"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    c[vi, vj] = T.float32(0)
+                c[vi, vj] = c[vi, vj] + a[vi, vk] * b[vk, vj]
+
+    cuda = make_target("cuda")
+    with cuda:
+        sch = dl.gpu.Matmul().apply(matmul, cuda, False)
+    assert sch is not None and not host_loops(sch.mod["main"])

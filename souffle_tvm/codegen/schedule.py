@@ -124,22 +124,31 @@ def epilogue_in_init(func: tirx.PrimFunc) -> list[str]:
 
 
 def host_loops(func: tirx.PrimFunc) -> list[str]:
-    """The serial loops (extent over 1) a scheduled ``func`` runs around a thread-bound loop:
-    on the GPU each iteration is a kernel launch from the host. dlight's ``GeneralReduction``
-    schedules a reduction to a 0-d result that way: a global mean of 64 x 1024 became 65,536
-    one-thread launches adding one term each (docs/tvm-workarounds.md)."""
-    found = []
+    """The serial loops (extent over 1) a scheduled ``func`` runs outside every thread binding and
+    around one: on the GPU each iteration is a kernel launch from the host. dlight's
+    ``GeneralReduction`` schedules a reduction to a 0-d result that way: a global mean of 64 x 1024
+    became 65,536 one-thread launches adding one term each (docs/tvm-workarounds.md). A K loop
+    inside the launch that re-binds threads to copy a tile is not one."""
+    def bound(loop) -> bool:
+        return loop.kind == tirx.ForKind.THREAD_BINDING
 
-    def visit(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING or not isinstance(loop.extent, tirx.IntImm) or int(loop.extent) <= 1:
-            return
-        bound = []
-        tvm_ffi.structural_walk(loop.body, (tirx.For, lambda x: bound.append(x) if x.kind == tirx.ForKind.THREAD_BINDING
-                                             else None))
-        if bound:
-            found.append(str(loop.loop_var.name))
-    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
+    inside = set()          # loops under a thread binding: device code
+    for loop in _loops(func.body):
+        if bound(loop):
+            inside.update(id_ for id_ in map(_key, _loops(loop.body)))
+    return [str(loop.loop_var.name) for loop in _loops(func.body)
+            if not bound(loop) and _key(loop) not in inside and isinstance(loop.extent, tirx.IntImm)
+            and int(loop.extent) > 1 and any(bound(x) for x in _loops(loop.body))]
+
+
+def _loops(node) -> list:
+    found = []
+    tvm_ffi.structural_walk(node, (tirx.For, found.append))
     return found
+
+
+def _key(loop) -> int:
+    return loop.loop_var.__hash__()
 
 
 def undefined_buffers(func: tirx.PrimFunc) -> list[str]:
