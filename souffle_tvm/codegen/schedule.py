@@ -22,8 +22,8 @@ from ..core.geometry import MATMUL_K_TILE, MATMUL_THREADS, STITCH_BLOCK, STITCH_
 from ..core.ir_names import GEMM_K_TILE_ATTR
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
-from .rules import (AtomicRows, ColumnReduction, NothingToWrite, PartialRows, RowChain, RowReduction, SerialReduction, StitchedMatmul,
-                    TensorCoreMatmul, TiledCombine)
+from .rules import (AtomicRows, ColumnReduction, NothingToWrite, PartialRows, RowChain, RowReduction,
+                    SerialReduction, StitchedMatmul, TensorCoreMatmul, TiledCombine)
 
 
 class RuleNote(str):
@@ -51,8 +51,8 @@ class Scheduled:
 # How much of the hardware a rule's schedule uses; fusing must not lower it. SerialReduction
 # is Fallback's form (one output per thread) chosen on purpose: a GEMM anchor that gets it
 # alone does not make a fused group that gets Fallback's the same form a degradation.
-RANK = {"NothingToWrite": 3, "database": 3, "RowChain": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2, "AtomicRows": 2, "TiledCombine": 2,
-        "GEMV": 2, "Reduction": 2,
+RANK = {"NothingToWrite": 3, "database": 3, "RowChain": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2,
+        "AtomicRows": 2, "TiledCombine": 2, "GEMV": 2, "Reduction": 2,
         "ColumnReduction": 2, "SerialReduction": 0, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
 
@@ -60,7 +60,8 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
                   gemm_tile: int | None = None) -> list[dl.ScheduleRule]:
     """The rules ``schedule_group`` tries, in order."""
     if block_size is None:
-        return [NothingToWrite(), RowChain(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        return [NothingToWrite(), RowChain(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     # One block size for every stage of a stitched kernel: rules whose thread count is fixed
     # by the rule itself (GEMV, Reduction) are left out.
     if block_size not in STITCH_BLOCKS:
@@ -135,7 +136,7 @@ def host_loops(func: tirx.PrimFunc) -> list[str]:
     inside = set()          # loops under a thread binding: device code
     for loop in _loops(func.body):
         if bound(loop):
-            inside.update(id_ for id_ in map(_key, _loops(loop.body)))
+            inside.update(map(_key, _loops(loop.body)))
     return [str(loop.loop_var.name) for loop in _loops(func.body)
             if not bound(loop) and _key(loop) not in inside and isinstance(loop.extent, tirx.IntImm)
             and int(loop.extent) > 1 and any(bound(x) for x in _loops(loop.body))]
