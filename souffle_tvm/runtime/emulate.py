@@ -278,10 +278,9 @@ class _Block:
 
     def _allreduce(self, attr: tirx.AttrStmt) -> tirx.Stmt:
         """``tvm_thread_allreduce(size, *values, cond, *outs, *idx)``: every thread of a group gets
-        the combination, in thread order, of its group's values where ``cond`` holds (``size``
-        values at once: ArgMin's index and value). Groups: threads whose flat indices agree once
-        the reduced thread dimensions (``idx``, each with its stride) are zeroed: a reduction over
-        ``threadIdx.x`` groups by warp row, one over ``threadIdx.y`` by lane."""
+        the combination, in thread order, of its group's ``size`` values (ArgMin: index, value)
+        where ``cond`` holds. Groups: threads whose flat indices agree once the reduced thread
+        dimensions (``idx``, with their strides) are zeroed (``threadIdx.x``: by warp row)."""
         reducer = attr.node
         calls = calls_to(attr.body, ("tirx.tvm_thread_allreduce",))
         if len(calls) != 1 or not isinstance(attr.body, tirx.Evaluate):
@@ -393,11 +392,9 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
 
 
 def _descending(var, ext: int) -> tuple[tirx.Buffer, tirx.Stmt]:
-    """The table of block indices last to first that a reversed phase reads its block index from.
-    Not ``ext - 1 - down`` in the index expressions: TVM 0.27's IterMapSimplify, which FlattenBuffer
-    runs on every index, drops the remainder of the constant of a dividend whose iterator has a
-    negative scale (``(127 - b) // 8`` becomes ``b // -8 + 15``, wrong unless 8 divides b), and
-    the emulated kernel read other blocks' tiles (docs/tvm-workarounds.md)."""
+    """The block indices last to first, which a reversed phase reads its block index from: not
+    ``ext - 1 - down``, which TVM 0.27's FlattenBuffer miscompiles under a floordiv (``(127 - b) // 8``
+    becomes ``b // -8 + 15``; docs/tvm-workarounds.md)."""
     table = tirx.decl_buffer([_i64(ext)], dtype_of(var), f"{var.name}_descending", scope="global")
     i = tirx.Var("i", _I64)
     fill = tirx.For(i, _i64(0), _i64(ext), tirx.ForKind.SERIAL,
