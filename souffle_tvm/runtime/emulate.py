@@ -303,10 +303,9 @@ class _Block:
             return k if idx else _i64(0)
 
         t = [tirx.Var(f"t{i}", _I64) for i in range(3)]
-        lhs = {v: tirx.BufferLoad(a, [key(t[1])]) for v, a in zip(reducer.lhs, acc)}
-        rhs = {v: self.per_thread(x, t[1]) for v, x in zip(reducer.rhs, values)}
-        combined = [tvm_ffi.structural_map(r, (tirx.Var, lambda v: next((e for k, e in [*lhs.items(), *rhs.items()]
-                                                                         if k.same_as(v)), v)))
+        operands = [*zip(reducer.lhs, (tirx.BufferLoad(a, [key(t[1])]) for a in acc)),
+                    *zip(reducer.rhs, (self.per_thread(x, t[1]) for x in values))]
+        combined = [tvm_ffi.structural_map(r, (tirx.Var, lambda v: next((e for k, e in operands if k.same_as(v)), v)))
                     for r in reducer.result]
         # every value combined from the accumulators as they were, then stored
         step = _seq([tirx.BufferStore(b, c, [_i64(0)]) for b, c in zip(new, combined)]
@@ -379,7 +378,9 @@ def _launch(region, reverse: bool = False, probe=None, prefetches=None) -> tirx.
             if tag in blocks:
                 var, ext = blocks[tag]
                 if reverse:
-                    table, _ = tables.get(tag) or tables.setdefault(tag, _descending(var, ext))
+                    if tag not in tables:
+                        tables[tag] = _descending(var, ext)
+                    table = tables[tag][0]
                     down = tirx.Var(var.name + "_down", dtype_of(var))
                     emu = tvm_ffi.structural_map(emu, (tirx.Var, lambda v, f=fresh[var], d=down, t=table:
                                                       tirx.BufferLoad(t, [d]) if v.same_as(f) else v))
