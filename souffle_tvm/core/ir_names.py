@@ -12,6 +12,8 @@ COMBINE_TILE_ATTR = "souffle_combine_tile"  # on a two-phase combine: its GEMM's
 K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
 GEMM_TILE_ATTR = "souffle.gemm_tile"  # on a stitched GEMM stage's schedule: its output tile (rows, columns)
 GEMM_K_TILE_ATTR = "souffle.gemm_k_tile"  # ... and, on a SIMT one, its K tile (elements per K step)
+# on an unscheduled elementwise group PrimFunc: the blocks to cut it into, its producer's (``AlignedTiles``)
+ALIGNED_TILES_ATTR = "souffle.aligned_tiles"
 SOURCE_ATTR = "souffle.schedule"      # on scheduled group PrimFuncs: "database" or "default: <rule>"
 NOTE_ATTR = "souffle.schedule_note"   # why a tuning-database record was not used
 FORM_ATTR = "souffle.form"            # on scheduled group PrimFuncs: its schedule form, "<rule>@<threads>"

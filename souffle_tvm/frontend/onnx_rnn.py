@@ -146,6 +146,19 @@ class _Recurrence:
         h = self.hidden
         return [R.strided_slice(gates, axes=[1], begin=[k * h], end=[(k + 1) * h]) for k in range(n)]
 
+    def interleaved(self, rows: relax.Expr, n: int) -> relax.Expr:
+        """[n*H, ...] gate-major rows (ONNX's layout) reordered unit-major: row ``n*u + k`` is gate
+        k of unit u. Any contiguous tile of a product's outputs then holds every gate of its units,
+        so the cell update can run where the gates were computed (``stitch.joint_tiles``); a
+        constant weight's reorder is folded at compile time."""
+        h = self.hidden
+        order = np.array([k * h + u for u in range(h) for k in range(n)], dtype="int64")
+        return self.emit(R.take(rows, relax.const(order), axis=0, mode="clip"))
+
+    def interleaved_gates(self, gates: relax.Expr, n: int) -> list[relax.Expr]:
+        """The n gates of unit-major [batch, n*H] (``interleaved``) as strided slices."""
+        return [R.strided_slice(gates, axes=[1], begin=[k], end=[n * self.hidden], strides=[n]) for k in range(n)]
+
     def maybe_clip(self, x: relax.Expr) -> relax.Expr:
         """ONNX ``clip``: bound a gate's pre-activation (peephole term included)."""
         if self.clip is None:
@@ -180,13 +193,14 @@ class LSTM(_onnx.OnnxOpConverter):
         hs_per_dir, final_h, final_c = [], [], []
         for d in range(rec.directions):
             f_act, g_act, h_act = acts[d]
-            w_d, r_d = rec.per_direction(w, d), rec.per_direction(r, d)
+            # the gates unit-major (``interleaved``): i, o, f, c of unit u in columns 4u..4u+3
+            w_d, r_d = rec.interleaved(rec.per_direction(w, d), 4), rec.interleaved(rec.per_direction(r, d), 4)
             proj = rec.emit(R.matmul(rec.x, R.permute_dims(w_d, [1, 0])))          # [seq, batch, 4H]
             if b is not None:
                 b_d = rec.per_direction(b, d)
                 bias = rec.emit(R.add(R.strided_slice(b_d, axes=[0], begin=[0], end=[4 * H]),
                                       R.strided_slice(b_d, axes=[0], begin=[4 * H], end=[8 * H])))
-                proj = rec.emit(R.add(proj, bias))
+                proj = rec.emit(R.add(proj, rec.interleaved(bias, 4)))
             r_t = rec.emit(R.permute_dims(r_d, [1, 0]))                              # [H, 4H]
             p_d = rec.per_direction(peep, d)
             if p_d is not None:
@@ -199,7 +213,7 @@ class LSTM(_onnx.OnnxOpConverter):
             hs = [None] * rec.seq
             for t in order:
                 gates = rec.emit(R.add(R.matmul(h, r_t), xs[t]))
-                gi, go, gf, gc = rec.split_gates(gates, 4)
+                gi, go, gf, gc = rec.interleaved_gates(gates, 4)
                 if p_d is not None:
                     gi = R.add(gi, R.multiply(p_i, c))
                     gf = R.add(gf, R.multiply(p_f, c))

@@ -27,7 +27,7 @@ from ..core.geometry import STATIC_SHARED_LIMIT
 from ..stitch import kernel, resident
 
 
-def _outputs(calls) -> dict:
+def group_outputs(calls) -> dict:
     """Relax Var -> (group, output field) for every group call's result and its tuple items."""
     group_of = {k: i for i, k in calls.call_index.items()}
     var_call = {}
@@ -69,7 +69,7 @@ def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, low
 
     Repeated layers call the same PrimFuncs with the same wiring: each distinct pair is
     stitched once."""
-    outputs = _outputs(calls)
+    outputs = group_outputs(calls)
     raw = type(calls)(unscheduled, calls.groups) if unscheduled is not None else calls
     asked: dict = {}        # (producer function, consumer function, wiring) -> (saved bytes, block-local)
     out: list[tuple[int, int] | None] = [None] * len(calls.groups)
@@ -78,7 +78,7 @@ def credits(calls, target: tvm.target.Target, block: int, gpu: hardware.GPU, low
         if sg is None:
             continue
         keys_g = _keys(calls, g, outputs)
-        for p in sorted({k[1] for k in keys_g if k[0] == "out" and k[1] != g}):
+        for p in producers(calls, g, outputs):
             sp = lowered[p] if p < len(lowered) else None
             if sp is None or calls.func(p).same_as(calls.func(g)) or \
                     not {s.num_blocks for s in sp} & {s.num_blocks for s in sg}:
@@ -135,6 +135,19 @@ def _resident_credits(calls, raw, lowered: list, block: int, gpu: hardware.GPU) 
                     saved // stages[0].num_blocks + est.shared_bytes <= STATIC_SHARED_LIMIT:
                 out[g] = (groups[0], saved)
     return out
+
+
+def block_local(calls, p: int, g: int, sp: list, sg: list, target: tvm.target.Target, block: int,
+                gpu: hardware.GPU, outputs: dict | None = None) -> bool:
+    """Whether group ``g``'s lowered stages ``sg`` follow producer ``p``'s ``sp`` without a grid
+    sync, the two stitched alone. ``outputs``: ``group_outputs(calls)``, where it is at hand."""
+    outputs = group_outputs(calls) if outputs is None else outputs
+    return _saved(sp, sg, _keys(calls, p, outputs), _keys(calls, g, outputs), calls.func(g), target, block, gpu)[1]
+
+
+def producers(calls, g: int, outputs: dict) -> list[int]:
+    """The groups whose outputs group ``g`` reads."""
+    return sorted({k[1] for k in _keys(calls, g, outputs) if k[0] == "out" and k[1] != g})
 
 
 def _saved(sp: list, sg: list, keys_p: list, keys_g: list, unscheduled_g, target, block: int,

@@ -38,6 +38,7 @@ from ..codegen import emit
 from ..core import hardware, latency
 from ..core.measured import MeasuredTimes
 from ..core.root_block import ensure_root_blocks
+from ..core.targets import is_cuda
 from ..core.geometry import STITCH_BLOCK
 from ..errors import CooperativeBuildWarning, SouffleError
 from ..partition import by_time, kernels, subprograms
@@ -47,7 +48,7 @@ from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
-from . import block_sizes, policies
+from . import block_sizes, joint_tiles, policies
 from .options import LEVEL_DISABLES, Feedback, Options
 
 PROGRAM = "souffle.te_program"
@@ -224,8 +225,16 @@ class PartitionAndEmit:
             return done.func
 
         out = emit.emit_module(prog, part, schedule=schedule, funcs=scheduled.group_funcs)
+        unscheduled = emit.emit_module(prog, part, funcs=scheduled.group_funcs)
+        target = _target(self.target)
+        if self.block_size is not None and is_cuda(target):
+            # consumers cut into their producers' blocks where that makes the edge block-local
+            aligned = joint_tiles.align(policies.GroupCalls(out, part.groups), unscheduled, target,
+                                        self.block_size, scheduled)
+            for name, (stamped, func) in aligned.items():
+                unscheduled[name], out[name] = stamped, func
         info = {**_info(mod), "partition": part, "program": prog,
-                "unscheduled": emit.emit_module(prog, part, funcs=scheduled.group_funcs),
+                "unscheduled": unscheduled,
                 "schedule_notes": notes, "rule_failures": scheduled.failures,
                 # the K tile the groups are scheduled with again at the other block sizes (0: chosen)
                 "gemm_k_tile": self.gemm_k_tile or 0}

@@ -9,8 +9,8 @@ what the GPU would do and drops what makes it parallel:
   reads another block's result without a grid sync reads poison;
 * inside a block, threads run in lock step statement by statement (every statement for all
   threads before the next), which is what the barriers TVM's ThreadSync inserts guarantee;
-  statements under thread-dependent control flow run per thread as a unit and may not
-  contain a barrier;
+  statements under thread-dependent control flow, and a ``Bind`` with what follows it, run
+  per thread as a unit and may not contain a barrier;
 * per-thread locals become arrays over the block's threads; shared memory is per block;
   wmma fragments are per warp, and each wmma intrinsic runs once per warp (see ``_wmma``);
   a cross-thread reduction (``tvm_thread_allreduce``) combines the values of its group of
@@ -20,11 +20,9 @@ what the GPU would do and drops what makes it parallel:
 What its numerics cannot catch: warp-level timing (it never runs two threads at once),
 memory-model races that a real GPU would expose (a read of another thread's global write
 inside one phase sees it here, as if fenced), and intra-block barrier placement (lock step
-needs none). The race checker (``runtime.races``, through the ``probe`` hooks below) sees
-those conflicts in the accesses themselves, in any block and thread order. V4's prefetch
-loops are dropped (they have no semantics), or with ``prefetches`` recorded and checked
-(``runtime.prefetch_probe``). docs/emulator.md says the same with examples.
-"""
+needs none). The race checker (``runtime.races``, the ``probe`` hooks) sees those conflicts in
+the accesses, in any block and thread order. V4's prefetch loops are dropped, or recorded and
+checked (``runtime.prefetch_probe``). docs/emulator.md has examples."""
 
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ from ..stitch.dependence import ATOMIC_ADD
 from ..stitch.kernel_ir import BARRIERS, calls_to, is_grid_sync, op_name, strip_prefetch
 from ..stitch.lower import launch_form
 from ..stitch.rolling import unroll
-from . import vectors
+from . import bind_spans, vectors
 
 _I64 = "int64"
 # CUDA warp matrix intrinsics (m = n = k = 16): see _Block._wmma
@@ -80,10 +78,9 @@ def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
     ty = buf.ty
     if not str(ty.dtype).startswith(("float", "bfloat")):
         return None
-    shape = list(ty.shape)
-    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(shape))]
+    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(ty.shape))]
     store = tirx.BufferStore(buf, tirx.const(float("nan"), str(ty.dtype)), list(prefix or []) + loops)
-    for v, e in reversed(list(zip(loops, shape))):
+    for v, e in reversed(list(zip(loops, list(ty.shape)))):
         store = tirx.For(v, _i64(0), e if dtype_of(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
     return store
 
@@ -148,7 +145,8 @@ class _Block:
     def run(self, stmt) -> tirx.Stmt:
         tv = set(self.thread_vars)
         if isinstance(stmt, tirx.SeqStmt):
-            return _seq([self.run(s) for s in stmt.seq])
+            return _seq([self.for_all_threads(_seq(part)) if whole else self.run(part[0])
+                         for part, whole in bind_spans.spans(list(stmt.seq))])
         if isinstance(stmt, tirx.AllocBuffer):
             return self._alloc(stmt.buffer)
         if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.VECTORIZED and not calls_to(stmt, BARRIERS):

@@ -164,7 +164,11 @@ def rebase(body: tirx.Stmt, param, channel: Channel, writer: bool = False) -> ti
         on_chip = tirx.BufferStore(channel.buffer, s.value, mine)
         if not (writer and channel.dual):
             return on_chip
-        return tirx.SeqStmt([on_chip, tirx.BufferStore(param, tirx.BufferLoad(channel.buffer, mine), list(s.indices))])
+        # the value once, into both: reading the tile back would need a barrier between the two
+        # stores of one thread (TVM's ThreadSync, before flattening, sees a conflict there)
+        value = tirx.Var(f"{param.name}_value", s.value.ty)
+        return tirx.SeqStmt([tirx.Bind(value, s.value), tirx.BufferStore(channel.buffer, value, mine),
+                             tirx.BufferStore(param, value, list(s.indices))])
 
     out = tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)])
     if not (writer and channel.dual) and uses(out, [param]):

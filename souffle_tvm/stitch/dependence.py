@@ -8,8 +8,9 @@ at all when each thread reads only what it wrote itself.
 
 The proof works on a stage body in *vb form*: its block indices expressed through one symbolic
 virtual block ``vb`` and its thread indices through ``tid``. For the writer, an unguarded store
-whose indices are a bijective affine map of the iterators below ``vb`` (TVM's
-``detect_iter_map``) writes exactly a dense box whose corner depends only on ``vb``; the reader
+whose indices are a surjective affine map of the iterators below ``vb`` (TVM's
+``detect_iter_map``) writes exactly a dense box whose corner depends only on ``vb`` (several
+threads may store one element: ``ColumnReduction``'s rows of threads each store the same sum); the reader
 is block-local when every load of the buffer, bounded over its own iterators
 (``Analyzer.int_set``), provably stays inside that box for every ``vb`` it runs. Anything the
 analysis cannot see through (a guarded or data-dependent store, a let-bound index, a non-affine
@@ -121,7 +122,7 @@ def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
     if not all(isinstance(r.extent, tirx.IntImm) for r in iters.values()):
         return None
     try:
-        res = arith.detect_iter_map([_i64(i) for i in store.indices], iters, True, "bijective")
+        res = arith.detect_iter_map([_i64(i) for i in store.indices], iters, True, "surjective")
     except Exception:   # noqa: BLE001 - an index form the iterator analysis rejects proves nothing
         return None
     if len(res.errors) or len(res.indices) != len(store.indices):

@@ -4,6 +4,8 @@ or ``None`` where the rule does not apply. ``codegen.schedule.default_rules`` or
 with dlight's own rules for the stitched stages (256 threads, or 128 or 512 where a subprogram
 takes that size):
 
+- ``aligned_tiles.AlignedTiles``: an elementwise stage cut into its producer's blocks, where
+  ``stitch.joint_tiles`` asked for that.
 - ``row_chain.RowChain``: a row chain (attention) in one kernel, its rows held in shared memory.
 - ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
@@ -21,6 +23,7 @@ takes that size):
   every block size and in TVM's own rule list: dlight divides by its zero extents).
 """
 
+from .aligned_tiles import AlignedTiles
 from .atomic_rows import AtomicRows
 from .column_reduction import ColumnReduction
 from .nothing_to_write import NothingToWrite
@@ -32,5 +35,5 @@ from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 from .tiled_combine import TiledCombine
 
-__all__ = ["AtomicRows", "ColumnReduction", "NothingToWrite", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
+__all__ = ["AlignedTiles", "AtomicRows", "ColumnReduction", "NothingToWrite", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
            "TensorCoreMatmul", "TiledCombine"]
