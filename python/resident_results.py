@@ -2,11 +2,12 @@
 in one directory, named ``<build>_<model>.json``, where ``build`` is one of BUILDS.
 
     python python/resident_results.py results/resident-weights-2026-12-03
+    python python/resident_results.py results/joint-tiles-2026-12-05 --preset joint-tiles
 
 Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran: summed
 over a stitched kernel's stages, and distinct over the call, the
 latency model's estimate under a CUDA graph, and per stitched kernel its ptxas figures and the
-shared memory its weight copies take) and writes ``resident.png`` beside the reports."""
+shared memory its weight copies take) and writes the preset's plot beside the reports."""
 
 from __future__ import annotations
 
@@ -19,13 +20,18 @@ BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
           ("before", "souffle v3 before resident weights (b986d90)"),
           ("v3", "souffle v3 with resident weights"),
           ("auto", "souffle default level with resident weights"))
+# the joint-tiling results: the default level before it (3fd6f02) and after
+JOINT_BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
+                ("before", "souffle default level before joint tiling (3fd6f02)"),
+                ("auto", "souffle default level with joint tiling"))
+PRESETS = {"resident": (BUILDS, "resident.png"), "joint-tiles": (JOINT_BUILDS, "joint-tiles.png")}
 
 
-def rows(folder: Path) -> list[dict]:
+def rows(folder: Path, builds=BUILDS) -> list[dict]:
     out = []
     for path in sorted(folder.glob("*.json")):
         build, _, model = path.stem.partition("_")
-        label = dict(BUILDS).get(build)
+        label = dict(builds).get(build)
         if label is None:
             continue
         r = json.loads(path.read_text())
@@ -42,7 +48,7 @@ def rows(folder: Path) -> list[dict]:
                     "graph_ms": r["latency"]["graph_ms"] if r.get("latency") else None,
                     "kernels": [(k["registers"], k["shared_bytes"], k["spill_bytes"], k["grid"][0], k["block"][0])
                                 for k in stitched]})
-    order = [b for b, _ in BUILDS]
+    order = [b for b, _ in builds]
     return sorted(out, key=lambda d: (d["model"], order.index(d["build"])))
 
 
@@ -51,12 +57,28 @@ def table(data: list[dict]) -> str:
              "graph ms (estimate) | stitched kernels: regs, smem B, spill B; blocks x threads |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in data:
-        figures = "; ".join(f"{r}, {s}, {sp}, {g} x {b}" for r, s, sp, g, b in d["kernels"]) or "-"
+        figures = "; ".join(f"{n} x ({_figures(k)})" if n > 1 else _figures(k) for k, n in _runs(d["kernels"])) or "-"
         counted = f"{d['counted_mb']:.3f}" if d["counted_mb"] is not None else "-"
         staged = f"{d['staged_mb']:.3f}" if d["staged_mb"] is not None else "-"
         ms = f"{d['graph_ms']:.3f}" if d["graph_ms"] is not None else "-"
         lines.append(f"| {d['model']} | {d['label']} | {d['launches']} | {d['mb']:.2f} | {staged} | {counted} | {ms} | {figures} |")
     return "\n".join(lines)
+
+
+def _figures(kernel: tuple) -> str:
+    regs, smem, spill, grid, block = kernel
+    return (f"{regs}, {smem}, {spill}" if regs is not None else "no ptxas") + f"; {grid} x {block}"
+
+
+def _runs(kernels: list) -> list[tuple]:
+    """Consecutive equal kernels' figures once, with their count."""
+    out: list = []
+    for k in kernels:
+        if out and out[-1][0] == k:
+            out[-1] = (k, out[-1][1] + 1)
+        else:
+            out.append((k, 1))
+    return out
 
 
 def plot(data: list[dict], path: Path) -> None:
@@ -84,10 +106,13 @@ def plot(data: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0] if argv else ".")
-    data = rows(folder)
+    preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "resident"
+    rest = [a for i, a in enumerate(argv) if a != "--preset" and (i == 0 or argv[i - 1] != "--preset")]
+    builds, picture = PRESETS[preset]
+    folder = Path(rest[0] if rest else ".")
+    data = rows(folder, builds)
     print(table(data))
-    plot(data, folder / "resident.png")
+    plot(data, folder / picture)
     return 0
 
 

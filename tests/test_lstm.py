@@ -97,3 +97,16 @@ def test_steps_share_kernels():
     long = compile_model(lstm_model(seq=12), "llvm").report
     assert long.distinct_kernels == short.distinct_kernels
     assert long.launches > short.launches
+
+
+def test_weights_given_at_run_time_are_reordered_in_the_graph():
+    """W, R and B as graph inputs: the unit-major gate order (``interleaved``) is then a ``take``
+    in the graph, not a constant reordered at import; both against onnxruntime."""
+    model = lstm_model(direction="bidirectional")
+    graph = model.graph
+    weights = [t for t in graph.initializer if t.name in ("W", "R", "B")]
+    for t in weights:
+        graph.initializer.remove(t)
+        graph.input.append(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)))
+    compiled = check(model)
+    assert {"W", "R", "B"} <= {i.name for i in compiled.model.inputs}

@@ -146,14 +146,21 @@ class _Recurrence:
         h = self.hidden
         return [R.strided_slice(gates, axes=[1], begin=[k * h], end=[(k + 1) * h]) for k in range(n)]
 
-    def interleaved(self, rows: relax.Expr, n: int) -> relax.Expr:
-        """[n*H, ...] gate-major rows (ONNX's layout) reordered unit-major: row ``n*u + k`` is gate
-        k of unit u. Any contiguous tile of a product's outputs then holds every gate of its units,
-        so the cell update can run where the gates were computed (``stitch.joint_tiles``); a
-        constant weight's reorder is folded at compile time."""
+    def interleaved(self, tensor: relax.Expr | None, n: int, blocks: int = 1) -> relax.Expr | None:
+        """ONNX's gate-major ``[dirs, blocks*n*H, ...]`` (W, R; B has two blocks) reordered
+        unit-major: entry ``n*u + k`` of each block is gate k of unit u. Any contiguous tile of
+        a product's outputs then holds every gate of its units, so the cell update can run where
+        the gates were computed (``pipeline.joint_tiles``). A constant (an initializer) is
+        reordered here, so neither build pays for it at run time."""
+        if tensor is None:
+            return None
         h = self.hidden
-        order = np.array([k * h + u for u in range(h) for k in range(n)], dtype="int64")
-        return self.emit(R.take(rows, relax.const(order), axis=0, mode="clip"))
+        order = np.array([b * n * h + k * h + u for b in range(blocks) for u in range(h) for k in range(n)],
+                         dtype="int64")
+        value = _onnx.get_constant(tensor, self.params)
+        if isinstance(value, tvm.ir.GenericConst):
+            return relax.const(np.take(value.value.numpy(), order, axis=1))
+        return self.emit(R.take(tensor, relax.const(order), axis=1, mode="clip"))
 
     def interleaved_gates(self, gates: relax.Expr, n: int) -> list[relax.Expr]:
         """The n gates of unit-major [batch, n*H] (``interleaved``) as strided slices."""
@@ -187,20 +194,21 @@ class LSTM(_onnx.OnnxOpConverter):
         H, dt = rec.hidden, rec.dtype
         w, r, b = inputs[1], inputs[2], inputs[3]
         init_h, init_c, peep = inputs[5], inputs[6], inputs[7]
+        # the gates unit-major (``interleaved``): i, o, f, c of unit u in columns 4u..4u+3
+        w, r, b = rec.interleaved(w, 4), rec.interleaved(r, 4), rec.interleaved(b, 4, blocks=2)
         acts = _activations(attr, ["Sigmoid", "Tanh", "Tanh"], rec.directions, dt)
         input_forget = bool(attr.get("input_forget", 0))
 
         hs_per_dir, final_h, final_c = [], [], []
         for d in range(rec.directions):
             f_act, g_act, h_act = acts[d]
-            # the gates unit-major (``interleaved``): i, o, f, c of unit u in columns 4u..4u+3
-            w_d, r_d = rec.interleaved(rec.per_direction(w, d), 4), rec.interleaved(rec.per_direction(r, d), 4)
+            w_d, r_d = rec.per_direction(w, d), rec.per_direction(r, d)
             proj = rec.emit(R.matmul(rec.x, R.permute_dims(w_d, [1, 0])))          # [seq, batch, 4H]
             if b is not None:
                 b_d = rec.per_direction(b, d)
                 bias = rec.emit(R.add(R.strided_slice(b_d, axes=[0], begin=[0], end=[4 * H]),
                                       R.strided_slice(b_d, axes=[0], begin=[4 * H], end=[8 * H])))
-                proj = rec.emit(R.add(proj, rec.interleaved(bias, 4)))
+                proj = rec.emit(R.add(proj, bias))
             r_t = rec.emit(R.permute_dims(r_d, [1, 0]))                              # [H, 4H]
             p_d = rec.per_direction(peep, d)
             if p_d is not None:
