@@ -73,3 +73,19 @@ def test_aligned_tiles_cuts_only_what_it_was_asked_to():
     odd = _update.with_attr(ALIGNED_TILES_ATTR, tirx.IntImm("int32", 3))
     assert schedule.schedule_group(odd, CUDA, 256).rule != "AlignedTiles"
     assert schedule.schedule_group(stamped, CUDA, None).rule != "AlignedTiles"     # built alone: ignored
+
+
+@pytest.mark.slow
+def test_a_full_width_layer_at_the_default_level_matches_onnxruntime():
+    """One layer at the full model's width (hidden 256: 64 GEMV blocks of 16 gate columns, 4
+    units a block), 6 steps, at the default level: its steps after the first stitched with the
+    cell update block-local (one grid sync a step), race-checked in three orders."""
+    m = import_onnx(lstm_zoo.build(lstm_zoo.LSTMConfig(layers=1, steps=6, hidden=256, features=256, batch=1)))
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="auto"))
+    [sk] = [k for k in souffle.stitched if len(k.stages) > 3]
+    assert sum(str(souffle.unstitched[s].attrs["souffle.form"]).startswith("AlignedTiles") for s in set(sk.stages)) >= 2
+    assert sk.grid_syncs <= len(sk.stages) // 3 + 1, (sk.grid_syncs, sk.stages)
+    for order, report, comparisons in race_checked_in_orders(m, souffle, ("ascending", "descending", "shuffle:3")):
+        assert report.ok, (order, str(report))
+        for cmp in comparisons:
+            assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)

@@ -39,8 +39,10 @@ def align(calls: GroupCalls, unscheduled: tvm.IRModule, target: tvm.target.Targe
     stages: dict = {}
 
     def lowered(func: tirx.PrimFunc) -> list:
+        """Its stages; none where it cannot be stitched (an empty function has no launch)."""
         if func not in stages:
-            stages[func] = lower.lower_stage("g", func, target)
+            stitchable = lower.why_not_stitchable(func, target, block) is None
+            stages[func] = lower.lower_stage("g", func, target) if stitchable else []
         return stages[func]
 
     decided: dict[str, tuple] = {}
