@@ -75,7 +75,6 @@ def test_aligned_tiles_cuts_only_what_it_was_asked_to():
     assert schedule.schedule_group(stamped, CUDA, None).rule != "AlignedTiles"     # built alone: ignored
 
 
-@pytest.mark.slow
 def test_a_full_width_layer_at_the_default_level_matches_onnxruntime():
     """One layer at the full model's width (hidden 256: 64 GEMV blocks of 16 gate columns, 4
     units a block), 6 steps, at the default level: its steps after the first stitched with the
