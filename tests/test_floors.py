@@ -218,7 +218,18 @@ def test_a_stitched_kernel_floor_is_its_stages_in_sequence():
     k = latency.Kernel("s", 132, 256, 32, 0, (a, b), grid_syncs=1)
     t = latency.kernel_time(H200, latency.FITTED, k)
     assert t.floor_by == "stages"
-    assert t.floor == pytest.approx(sum(s.floor for s in t.stages))
+    assert t.floor == pytest.approx(sum(s.floor for s in t.stages) + floors.GRID_SYNC_CYCLES / H200.clock_hz)
+    assert t.seconds >= t.floor
+
+
+def test_a_stitched_kernel_waits_at_least_an_l2_round_trip_per_grid_sync():
+    """The LSTM layer kernel's shape: 97 grid syncs between stages of little work, whose own floors
+    are far below the syncs'; the syncs alone put the floor above 97 L2 round trips."""
+    tiny = latency.Stage(64, 256, 4096, 10**4)
+    k = latency.Kernel("layer", 64, 256, 40, 0, (tiny,) * 98, grid_syncs=97)
+    t = latency.kernel_time(H200, latency.FITTED, k)
+    syncs = 97 * floors.GRID_SYNC_CYCLES / H200.clock_hz
+    assert t.floor >= syncs and t.floor - syncs == pytest.approx(sum(s.floor for s in t.stages))
     assert t.seconds >= t.floor
 
 

@@ -23,7 +23,8 @@ taken at its most optimistic, so that a prediction below it is wrong, not merely
   these chains one wave after another.
 
 A stitched kernel's stages run one after another (grid syncs between them): its floor is the
-sum of its stages' floors, and at least the floors of what its blocks execute in all.
+sum of its stages' floors and of its grid syncs' (``GRID_SYNC_CYCLES`` each), and at least the
+floors of what its blocks execute in all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from .hardware import GPU
 
 # An L2 hit on sm_80/sm_90 takes about 200-270 cycles (microbenchmarks); the floor takes the low end.
 LOAD_LATENCY_CYCLES = 200
+# A grid-wide barrier ends no sooner than one L2 round trip: the last block's arrival (an atomic
+# at L2) must come back in a load of every waiting block. Measured grid syncs take microseconds;
+# the floor takes this physical minimum.
+GRID_SYNC_CYCLES = LOAD_LATENCY_CYCLES
 # bar.sync with every warp already there: about 20 cycles.
 BARRIER_CYCLES = 20
 # bytes of shared memory one SM serves per clock (32 banks of 4 bytes): one wavefront

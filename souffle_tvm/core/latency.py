@@ -284,13 +284,13 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
 
 
 def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, ...]) -> tuple[str | None, float]:
-    """(name, seconds) of ``kernel``'s binding floor: its stages' floors one after another, or a
-    floor of what its blocks execute (``Kernel.counts``), whichever is larger."""
+    """(name, seconds) of ``kernel``'s binding floor: its stages' floors one after another with
+    its grid syncs', or a floor of what its blocks execute (``Kernel.counts``), whichever is larger."""
     named = {}
     if len(stages) == 1:
         named = kernel.stages[0].floors(gpu, slots)
     elif stages:
-        named = {"stages": sum(s.floor for s in stages)}
+        named = {"stages": sum(s.floor for s in stages) + kernel.grid_syncs * floors.GRID_SYNC_CYCLES / gpu.clock_hz}
     if kernel.counts is not None:
         for name, v in floors.block_floors(gpu, kernel.grid, slots, kernel.counts, block_cycles(gpu, kernel)).items():
             named[name] = max(named.get(name, 0.0), v)
