@@ -44,7 +44,7 @@ os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 import gpu_check  # noqa: E402 - imports no TVM
 
 ARCH = gpu_check.ARCH
-DATE = "2026-12-04"
+DATE = "2026-12-05"
 PREDICTIONS = ROOT / "results" / "latency" / f"microbench-predictions-{DATE}.json"
 CARRY_LIMIT = 64 * 2**20       # what one device call carries
 SMS = 132                      # H200; prepare takes it from core.hardware
@@ -52,7 +52,7 @@ SMS = 132                      # H200; prepare takes it from core.hardware
 # The forms the CUDA rules can give a kernel (codegen.schedule.default_rules): ours at a stitched
 # block size, dlight's at its own. What the builds produced is compared with this list.
 RULE_FORMS = ("StitchedMatmul", "TensorCoreMatmul", "RowReduction", "SerialReduction", "ColumnReduction",
-              "PartialRows", "TiledCombine", "AtomicRows", "Fallback")
+              "PartialRows", "TiledCombine", "AtomicRows", "AlignedTiles", "Fallback")
 DLIGHT_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
@@ -138,6 +138,14 @@ def gemm_then(op: str, m: int, k: int, n: int, dtype: str = "float32"):
                   [_vi("Y", dtype, [m, n])], inits)
 
 
+def lstm_layer(hidden: int, steps: int, dtype: str = "float32"):
+    """One LSTM layer at batch 1 (the zoo's, ``hidden`` wide): its recurrent GEMV and the cell
+    update cut into the GEMV's blocks (``AlignedTiles``), one grid sync a step."""
+    from souffle_tvm.zoo import lstm
+
+    return lstm.build(lstm.LSTMConfig(layers=1, steps=steps, hidden=hidden, features=hidden, batch=1), dtype)
+
+
 def elementwise(r: int, c: int, dtype: str = "float32"):
     """x * sigmoid(x) + 1: one elementwise kernel."""
     from onnx import helper
@@ -197,6 +205,8 @@ FAMILIES = {
                          [(64, 256, 256), (256, 512, 768), (1024, 512, 1024)], "float32",
                          {"": {}, "atomic": {"reduction": "atomic"}}),
     "elementwise": ("Fallback", elementwise, [(128, 128), (1024, 1024), (4096, 4096)], "float32", {"": {}}),
+    "lstm-layer": ("AlignedTiles/ColumnReduction", lstm_layer, [(64, 8), (256, 8), (256, 32)], "float32",
+                   {"": {}, "auto": {"level": "auto"}}),
 }
 
 
