@@ -141,11 +141,6 @@ class _Recurrence:
         """
         return [self.emit(R.take(projected, relax.const(t, "int64"), axis=0, mode="clip")) for t in range(self.seq)]
 
-    def split_gates(self, gates: relax.Expr, n: int) -> list[relax.Expr]:
-        """The n gate blocks of [batch, n*H] as slices (injective: they fuse into their consumers)."""
-        h = self.hidden
-        return [R.strided_slice(gates, axes=[1], begin=[k * h], end=[(k + 1) * h]) for k in range(n)]
-
     def interleaved(self, tensor: relax.Expr | None, n: int, blocks: int = 1) -> relax.Expr | None:
         """ONNX's gate-major ``[dirs, blocks*n*H, ...]`` (W, R; B has two blocks) reordered
         unit-major: entry ``n*u + k`` of each block is gate k of unit u. Any contiguous tile of

@@ -24,6 +24,7 @@ from tvm import s_tir, tirx
 
 from ..core import hardware
 from ..core.ir_names import ALIGNED_TILES_ATTR
+from ..errors import StitchError
 from ..stitch import lower
 from . import onchip_credit
 from .policies import GroupCalls, ScheduleCache
@@ -39,10 +40,13 @@ def align(calls: GroupCalls, unscheduled: tvm.IRModule, target: tvm.target.Targe
     stages: dict = {}
 
     def lowered(func: tirx.PrimFunc) -> list:
-        """Its stages; none where it cannot be stitched (an empty function has no launch)."""
+        """Its stages; none where they cannot be stages of a kernel (an empty function has no
+        launch; other misfits the pair stitch in ``block_local`` refuses)."""
         if func not in stages:
-            stitchable = lower.why_not_stitchable(func, target, block) is None
-            stages[func] = lower.lower_stage("g", func, target) if stitchable else []
+            try:
+                stages[func] = lower.lower_stage("g", func, target)
+            except StitchError:
+                stages[func] = []
         return stages[func]
 
     decided: dict[str, tuple] = {}

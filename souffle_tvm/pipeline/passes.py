@@ -200,7 +200,8 @@ class PartitionAndEmit:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prog = _program(mod)
-        scheduled = policies.ScheduleCache(_target(self.target), self.block_size, self.gemm_k_tile, self.database,
+        target = _target(self.target)
+        scheduled = policies.ScheduleCache(target, self.block_size, self.gemm_k_tile, self.database,
                                            self.gemm_tile)
         part = kernels.partition_groups(prog, self.row_chains)
         readers = readers_of(prog)
@@ -226,7 +227,6 @@ class PartitionAndEmit:
 
         out = emit.emit_module(prog, part, schedule=schedule, funcs=scheduled.group_funcs)
         unscheduled = emit.emit_module(prog, part, funcs=scheduled.group_funcs)
-        target = _target(self.target)
         if self.block_size is not None and is_cuda(target):
             # consumers cut into their producers' blocks where that makes the edge block-local
             aligned = joint_tiles.align(policies.GroupCalls(out, part.groups), unscheduled, target,

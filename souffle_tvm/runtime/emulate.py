@@ -78,9 +78,10 @@ def _poison(buf, prefix: list | None = None) -> tirx.Stmt | None:
     ty = buf.ty
     if not str(ty.dtype).startswith(("float", "bfloat")):
         return None
-    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(ty.shape))]
+    shape = list(ty.shape)
+    loops = [tirx.Var(f"p{i}", _I64) for i in range(len(shape))]
     store = tirx.BufferStore(buf, tirx.const(float("nan"), str(ty.dtype)), list(prefix or []) + loops)
-    for v, e in reversed(list(zip(loops, list(ty.shape)))):
+    for v, e in reversed(list(zip(loops, shape))):
         store = tirx.For(v, _i64(0), e if dtype_of(e) == _I64 else tirx.Cast(_I64, e), tirx.ForKind.SERIAL, store)
     return store
 
