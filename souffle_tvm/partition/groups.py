@@ -23,6 +23,7 @@ class Group:
     opaque: OpaqueStage | None = None
     reason: str = ""           # why this group starts here (the boundary before it)
     row_chain: bool = False    # a row chain (``te.chains``) made one group
+    prologue: bool = False     # the first member is applied as the contraction after it loads it
 
     @property
     def anchor(self) -> te.Tensor | None:

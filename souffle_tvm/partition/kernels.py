@@ -8,6 +8,11 @@ without a grid-wide barrier:
   (same spatial domain and reduce extent, reading group members element-for-element along
   the summed axis: softmax's max → sum, LayerNorm's mean → variance);
 * a one-to-one stage joins as an epilogue when every non-weight input comes from the group;
+* a cheap one-to-one stage whose only reader is the next stage, a contraction reading it as an
+  operand, and whose large input comes from an earlier kernel (squeeze-excite's ``x * scale``
+  before the projection) is that contraction's *prologue*: it starts the contraction's group and
+  is applied as the GEMM copies its operand tile into shared memory (its output never exists
+  in global memory), instead of being written by the kernel that made the small input;
 * a row chain (``te.chains``: attention's ``Q Kᵀ`` → softmax → ``P V``) is one group: each
   block holds whole rows, so its reductions need no grid-wide barrier and its rows never
   leave the chip (with ``row_chains``);
@@ -24,6 +29,7 @@ import math
 from tvm import te
 
 from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG
+from ..core import tir_stats
 from ..te import analysis, chains as te_chains, rewrite as te_rewrite
 from ..te.program import TEProgram
 from .groups import Group, Partition, readers_of
@@ -67,6 +73,40 @@ def _partials_first(stages: list[te.Tensor]) -> list[te.Tensor]:
 
 
 ROW_CHAIN = "row chain: a block holds whole rows of {head} and finishes them through {tail}, on chip"
+PROLOGUE = ("prologue: {stage} is applied as {gemm} loads its operand tile into shared memory ({saved} bytes "
+            "an epilogue would write and {gemm} read back stay on chip)")
+# The most arithmetic per element a prologue may have: a contraction's blocks apply it once
+# per operand tile they load (one per block column), so it must be cheap to repeat.
+PROLOGUE_MAX_FLOPS = 4
+
+
+def _contraction_operand(consumer: te.ComputeOp, producer: te.Tensor) -> bool:
+    """Whether every load of ``producer`` by ``consumer`` is a contraction's operand: indexed by a
+    summed axis and broadcast along an output axis (a GEMM's, not a depthwise window's, reuse)."""
+    loads = [idx for prod, idx in te_rewrite.loads(consumer.body[0]) if prod.op == producer.op]
+    spatial = [ax.var for ax in consumer.axis if int(ax.dom.extent) > 1]
+    reduce_vars = {rv.var for rv in consumer.reduce_axis}
+    for idx in loads:
+        used = {v for i in idx for v in tir_stats.vars_in(i)}
+        if not used & reduce_vars or all(v in used for v in spatial):
+            return False
+    return bool(loads)
+
+
+def _prologue(t: te.Tensor, nxt: te.Tensor | None, readers: dict, members: set, placeholders: set) -> bool:
+    """Whether one-to-one stage ``t`` is better the prologue of ``nxt`` than an epilogue of the
+    group ``members``: ``nxt`` alone reads it, as a contraction's operand; it is cheap to repeat;
+    and what it reads of the group is smaller than what it writes (a broadcast scale: as an
+    epilogue the group would write, and the contraction read back, the large tensor)."""
+    op = t.op
+    if nxt is None or readers.get(op, set()) != {nxt.op} or analysis.classify(nxt.op)[0] != analysis.REDUCTION:
+        return False
+    if not _contraction_operand(nxt.op, t) or tir_stats.expr_flops(op.body[0]) > PROLOGUE_MAX_FLOPS:
+        return False
+    inputs = [x for x in op.input_tensors if x.op not in placeholders]
+    from_group = sum(analysis.tensor_bytes(x) for x in inputs if x.op in members)
+    from_earlier = [x for x in inputs if x.op not in members]
+    return bool(from_earlier) and from_group * 4 <= analysis.tensor_bytes(t)
 
 
 def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
@@ -97,7 +137,9 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
                 stack.append((o, True))
                 stack.extend((d, False) for d in deps)
 
-    for t in _partials_first(prog.stages()):
+    readers = readers_of(prog)
+    order = _partials_first(prog.stages())
+    for pos, t in enumerate(order):
         op = t.op
         for p in {x.op for x in op.input_tensors}:   # opaque results this stage needs come first
             o = opaque_of.get(p)
@@ -123,6 +165,9 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
             continue
         elif current is None:
             reason = "start" if not groups else "after an opaque op"
+        elif current.prologue and current.anchor is None and kind == analysis.REDUCTION and prods & members:
+            current.members.append(t)      # the contraction its prologue was made for
+            continue
         # Producers outside ``members`` belong to earlier kernels, whose results are complete in
         # global memory before this kernel starts; only reads of ``members`` must stay block-local.
         elif op.tag == PARTIAL_TAG:
@@ -138,6 +183,13 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
             reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
                       if prods & members else "reduction of data produced by earlier kernels")
         else:
+            nxt = order[pos + 1] if pos + 1 < len(order) else None
+            if kind == analysis.ONE_TO_ONE and nxt is not None and chain_of.get(nxt.op) is None and \
+                    _prologue(t, nxt, readers, members, placeholders):
+                saved = 2 * analysis.tensor_bytes(t)
+                groups.append(Group([t], reason=PROLOGUE.format(gemm=nxt.op.name, stage=op.name, saved=saved),
+                                    prologue=True))
+                continue
             if prods & members and not _atomic(current):
                 current.members.append(t)
                 continue
@@ -167,12 +219,19 @@ def unchained(group: Group, why: str = "") -> list[Group]:
 
 def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
     """Schedule feedback: ``why_not`` says why the group cannot be scheduled as one kernel as
-    well as its anchor alone (None: it can). Such a group gives up its last member, which
+    well as its anchor alone (None: it can). A group with a prologue gives that up first (its
+    contraction and epilogues stay one group); any other group gives up its last member, which
     becomes a group of its own with the reason (both are then judged again, the head first);
     a single stage keeps the reason; a row chain falls apart into the groups it would have
     been without the chain (``unchained``). Returns ``[group]`` when it stays as it is."""
     if why_not is not None and is_row_chain(group):
         return unchained(group, why_not)
+    if why_not is not None and group.prologue and len(group.members) > 1:
+        # the contraction keeps its epilogues; its prologue runs as a kernel of its own
+        head, tail = Group(group.members[:1]), Group(group.members[1:])
+        head.reason = f"prologue not taken: fusing {head.members[0].op.name} into {tail.name}: {why_not}"
+        tail.reason = "reduction of data produced by earlier kernels"
+        return [head, tail]
     if why_not is None or len(group.members) == 1:
         if why_not is not None:
             group.reason += f"; cannot be scheduled: {why_not}"
