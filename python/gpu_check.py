@@ -147,6 +147,10 @@ def prepare(args) -> int:
     tgz = pack(out)
     print(f"bundle {out}: {size / 2**20:.1f} MiB ({tgz.stat().st_size / 2**20:.1f} MiB as {tgz.name}), "
           f"{len(manifest['cases'])} cases, {carried / 2**20:.1f} MiB of full-size weights carried", flush=True)
+    _, over = travel_check(tgz)
+    if over:
+        print(f"ERROR: {over}", flush=True)
+        return 1
     return 0
 
 
@@ -174,6 +178,34 @@ def _steps(args) -> list[tuple[str, str, str, str]]:
                         continue
                     steps.append((name, dtype, size, variant))
     return steps
+
+
+# What one device call carries: the repository's tracked and untracked-not-ignored files with the
+# carried paths (the bundle's .tgz), together.
+TRAVEL_LIMIT = 64 * 2**20
+
+
+def tree_bytes(root: Path = ROOT) -> int:
+    """Bytes of the working tree that travels with every device call (git's tracked and
+    untracked-not-ignored files); 0 outside a git checkout."""
+    try:
+        names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                               capture_output=True, check=True).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    paths = {root / n.decode() for n in names if n}
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def travel_check(tgz: Path) -> tuple[int, str | None]:
+    """(the tree's bytes, None) when ``tgz`` and the working tree fit one device call together;
+    else with what is over."""
+    tree = tree_bytes()
+    total = tree + tgz.stat().st_size
+    if total <= TRAVEL_LIMIT:
+        return tree, None
+    return tree, (f"{tgz.name} ({tgz.stat().st_size / 2**20:.1f} MiB) with the working tree ({tree / 2**20:.1f} MiB) "
+                  f"is {total / 2**20:.1f} MiB, over the {TRAVEL_LIMIT / 2**20:.0f} MiB one device call carries")
 
 
 def pack(bundle: Path) -> Path:

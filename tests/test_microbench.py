@@ -74,7 +74,8 @@ def test_predictions_schema_and_forms(built):
     assert all(p["predicted_blocks_per_sm_fit"] for p in probes if p["syncs"])
     est = pred["gpu_time_estimate"]
     assert 0 < est["total_s"] <= est["budget_s"] == 300
-    assert pred["bundle"]["tgz_bytes"] < mb.CARRY_LIMIT
+    assert 0 < pred["bundle"]["tree_bytes"] and \
+        pred["bundle"]["tgz_bytes"] + pred["bundle"]["tree_bytes"] <= mb.CARRY_LIMIT
 
 
 def test_manifest_is_what_gpu_check_runs(built):
@@ -132,3 +133,11 @@ def test_probe_fit():
     assert fit["sync_us"]["1"]["per_sync"] == pytest.approx(1.5)
     assert fit["sync_us"]["2"]["per_sync"] == pytest.approx(3.0)
     assert fit["launch_us"] == 2.0 and fit["node_us"] == pytest.approx(0.6)
+
+
+def test_the_committed_bundle_travels_in_one_device_call():
+    """The predictions committed for the next GPU say the bundle they were made with fits one
+    device call beside the working tree (the .tgz alone fitting is not enough)."""
+    bundle = json.loads(mb.PREDICTIONS.read_text())["bundle"]
+    assert bundle["tree_bytes"] > 0
+    assert bundle["tgz_bytes"] + bundle["tree_bytes"] <= mb.CARRY_LIMIT, bundle
