@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "graphs; the report counts the launches left outside)")
     p.add_argument("--off-chip", action="store_true",
                    help="--fusion souffle: keep every intermediate and weight in global memory (no on-chip "
-                        "channels, row chains or resident weights), for comparison")
+                        "channels, row chains, prologues, window chains or resident weights), for comparison")
     p.add_argument("--count-traffic", action="store_true",
                    help="CUDA: run the built kernels in the GPU emulator (on the CPU) and report the traffic they "
                         "execute beside the analytic bytes: distinct bytes, 32-byte sectors per warp request "

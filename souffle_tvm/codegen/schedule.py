@@ -23,7 +23,7 @@ from ..core.ir_names import GEMM_K_TILE_ATTR
 from ..core.targets import is_cuda
 from ..errors import ScheduleError
 from .rules import (AlignedTiles, AtomicRows, ColumnReduction, NothingToWrite, PartialRows, RowChain, RowReduction,
-                    SerialReduction, StitchedMatmul, TensorCoreMatmul, TiledCombine)
+                    SerialReduction, StitchedMatmul, TensorCoreMatmul, TiledCombine, WindowChain)
 
 
 class RuleNote(str):
@@ -51,7 +51,7 @@ class Scheduled:
 # How much of the hardware a rule's schedule uses; fusing must not lower it. SerialReduction
 # is Fallback's form (one output per thread) chosen on purpose: a GEMM anchor that gets it
 # alone does not make a fused group that gets Fallback's the same form a degradation.
-RANK = {"NothingToWrite": 3, "AlignedTiles": 0, "database": 3, "RowChain": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2,
+RANK = {"NothingToWrite": 3, "AlignedTiles": 0, "database": 3, "RowChain": 3, "WindowChain": 3, "Matmul": 3, "TensorCoreMatmul": 3, "PartialRows": 2,
         "AtomicRows": 2, "TiledCombine": 2, "GEMV": 2, "Reduction": 2,
         "ColumnReduction": 2, "SerialReduction": 0, "GeneralReduction": 2, "Fallback": 0, "none": 0}
 
@@ -72,7 +72,7 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
     rest = [ColumnReduction(block_size), SerialReduction(block_size), RowReduction(block_size), dl.gpu.Fallback()]
     # The two-phase partials are cut to their GEMM's tile at STITCH_BLOCK threads
     # (``STITCH_BLOCK_ONLY_RULES``).
-    return ([NothingToWrite(), AlignedTiles(block_size), RowChain(block_size)] + ([AtomicRows(), PartialRows(), TiledCombine(block_size)]
+    return ([NothingToWrite(), AlignedTiles(block_size), RowChain(block_size), WindowChain(block_size)] + ([AtomicRows(), PartialRows(), TiledCombine(block_size)]
                                       if block_size == STITCH_BLOCK else []) + gemms + rest)
 
 

@@ -24,6 +24,8 @@ class Group:
     reason: str = ""           # why this group starts here (the boundary before it)
     row_chain: bool = False    # a row chain (``te.chains``) made one group
     prologue: bool = False     # the first member is applied as the contraction after it loads it
+    window_at: int = 0         # a window chain's windowed reduction: its position in members (0: none)
+    window_reason: str = ""    # why it joined (the report's groups show it)
 
     @property
     def anchor(self) -> te.Tensor | None:

@@ -13,6 +13,11 @@ without a grid-wide barrier:
   before the projection) is that contraction's *prologue*: it starts the contraction's group and
   is applied as the GEMM copies its operand tile into shared memory (its output never exists
   in global memory), instead of being written by the kernel that made the small input;
+* a windowed reduction that reads the group's contraction through a window over its two
+  innermost axes, each output channel its own input channel (a depthwise convolution after
+  MBConv's expansion) joins it as a *window chain*: each block computes the tile of the
+  contraction its windows read, halo included, into shared memory
+  (``codegen.rules.WindowChain``); the expanded tensor never goes to global memory;
 * a row chain (``te.chains``: attention's ``Q Kᵀ`` → softmax → ``P V``) is one group: each
   block holds whole rows, so its reductions need no grid-wide barrier and its rows never
   leave the chip (with ``row_chains``);
@@ -93,6 +98,36 @@ def _contraction_operand(consumer: te.ComputeOp, producer: te.Tensor) -> bool:
     return bool(loads)
 
 
+WINDOW = ("window chain: {window} reads {anchor}'s output through a window; each block computes the "
+          "tile its windows read, halo included, in shared memory")
+
+
+def _window_chain(op: te.ComputeOp, group: Group, members: set, readers: dict) -> bool:
+    """Whether reduction ``op`` reads the group's single contraction (through its epilogue)
+    through a window over the two innermost axes only: every summed axis longer than one is in
+    those two indices of every load of a member, each with an output position (a depthwise
+    convolution; not a grouped or dense one, not a global pool); it reads an elementwise stage
+    after the contraction (its activation), and nothing else reads that (``readers``: op -> the
+    ops reading it)."""
+    anchor = group.anchor
+    if anchor is None or group.window_at or group.prologue or group.row_chain or _atomic(group) or \
+            sum(bool(m.op.reduce_axis) for m in group.members) != 1 or anchor.op.tag == PARTIAL_TAG:
+        return False
+    read = [prod.op for prod, _ in te_rewrite.loads(op.body[0]) if prod.op in members]
+    if any(readers.get(r, set()) != {op} or r.reduce_axis for r in read):
+        return False         # on chip only where the window alone reads it, through the contraction's epilogue
+    long_terms = {rv.var for rv in op.reduce_axis if int(rv.dom.extent) > 1}
+    sliding = {ax.var for ax in op.axis if int(ax.dom.extent) > 1}
+    loads = [idx for prod, idx in te_rewrite.loads(op.body[0]) if prod.op in members]
+    if not loads or not long_terms or len(op.axis) < 3:
+        return False
+    for idx in loads:      # each of the two innermost indices an output position plus a window offset
+        if len(idx) < 3 or any(tir_stats.vars_in(i) & long_terms for i in idx[:-2]) or \
+                not all(tir_stats.vars_in(i) & long_terms and tir_stats.vars_in(i) & sliding for i in idx[-2:]):
+            return False     # a pool over the whole map (no output position) is not a window
+    return True
+
+
 def _prologue(t: te.Tensor, nxt: te.Tensor | None, readers: dict, members: set, placeholders: set) -> bool:
     """Whether one-to-one stage ``t`` is better the prologue of ``nxt`` than an epilogue of the
     group ``members``: ``nxt`` alone reads it, as a contraction's operand; it is cheap to repeat;
@@ -110,7 +145,8 @@ def _prologue(t: te.Tensor, nxt: te.Tensor | None, readers: dict, members: set, 
 
 
 def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
-    """Group the (transformed) program's stages into kernels by the rules above."""
+    """Group the (transformed) program's stages into kernels by the rules above. ``row_chains``
+    off (``--off-chip``): no on-chip chain at all (no row chain, prologue or window chain)."""
     chain_of = ({m.op: c for c in te_chains.row_chains(prog.stages(), readers_of(prog)) for m in c.stages}
                 if row_chains else {})
     placeholders = {t.op for t in prog.placeholders()}
@@ -180,11 +216,16 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
             if prods & members and _joins_rows(op, current, members):
                 current.members.append(t)
                 continue
+            if row_chains and prods & members and _window_chain(op, current, members, readers):
+                current.window_at = len(current.members)
+                current.members.append(t)
+                current.window_reason = WINDOW.format(window=op.name, anchor=current.anchor.op.name)
+                continue
             reason = ("reduction over data the previous kernel is still producing (needs a grid-wide sync)"
                       if prods & members else "reduction of data produced by earlier kernels")
         else:
             nxt = order[pos + 1] if pos + 1 < len(order) else None
-            if kind == analysis.ONE_TO_ONE and nxt is not None and chain_of.get(nxt.op) is None and \
+            if row_chains and kind == analysis.ONE_TO_ONE and nxt is not None and chain_of.get(nxt.op) is None and \
                     _prologue(t, nxt, readers, members, placeholders):
                 saved = 2 * analysis.tensor_bytes(t)
                 groups.append(Group([t], reason=PROLOGUE.format(gemm=nxt.op.name, stage=op.name, saved=saved),
@@ -217,6 +258,27 @@ def unchained(group: Group, why: str = "") -> list[Group]:
             Group(members[1:-1], reason=later), Group(members[-1:], reason=later)]
 
 
+def parts_of(group: Group, why: str = "") -> list[Group]:
+    """The groups ``group`` would be without the rule that joined them, each with the reason of
+    its boundary: a row chain's three (``unchained``); a prologue and its contraction; a window
+    chain's contraction and its window; else all but the last member, and the last."""
+    if is_row_chain(group):
+        return unchained(group, why)
+    members = group.members
+    if group.prologue:
+        head, tail = Group(members[:1], reason=group.reason), Group(members[1:])
+        head.reason = f"prologue not taken: fusing {members[0].op.name} into {tail.name}" + (f": {why}" if why else "")
+        tail.reason = "reduction of data produced by earlier kernels"
+        return [head, tail]
+    if group.window_at:
+        head = Group(members[:group.window_at], reason=group.reason)
+        tail = Group(members[group.window_at:])
+        tail.reason = ("window chain not taken" + (f": {why}" if why else "") +
+                       "; reduction over data the previous kernel is still producing (needs a grid-wide sync)")
+        return [head, tail]
+    return [Group(members[:-1], reason=group.reason), Group(members[-1:])]
+
+
 def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
     """Schedule feedback: ``why_not`` says why the group cannot be scheduled as one kernel as
     well as its anchor alone (None: it can). A group with a prologue gives that up first (its
@@ -226,12 +288,8 @@ def split_unschedulable(group: Group, why_not: str | None) -> list[Group]:
     been without the chain (``unchained``). Returns ``[group]`` when it stays as it is."""
     if why_not is not None and is_row_chain(group):
         return unchained(group, why_not)
-    if why_not is not None and group.prologue and len(group.members) > 1:
-        # the contraction keeps its epilogues; its prologue runs as a kernel of its own
-        head, tail = Group(group.members[:1]), Group(group.members[1:])
-        head.reason = f"prologue not taken: fusing {head.members[0].op.name} into {tail.name}: {why_not}"
-        tail.reason = "reduction of data produced by earlier kernels"
-        return [head, tail]
+    if why_not is not None and (group.prologue or group.window_at) and len(group.members) > 1:
+        return parts_of(group, why_not)
     if why_not is None or len(group.members) == 1:
         if why_not is not None:
             group.reason += f"; cannot be scheduled: {why_not}"

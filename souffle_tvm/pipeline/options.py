@@ -52,7 +52,8 @@ class Options:
     shared memory with ptxas where nvcc exists (and let them correct the partition). ``onchip``
     (v3): a stitched kernel keeps a block-local intermediate in shared memory (``stitch.channel``)
     instead of global memory, a row chain (``te.chains``: attention) is one kernel holding its
-    rows on chip, and a weight several stages re-read is copied into each block's shared memory
+    rows on chip, a prologue or a window chain (``partition.kernels``) keeps its tensor in the
+    consuming GEMM's or window's shared memory, and a weight several stages re-read is copied into each block's shared memory
     once (``stitch.resident``: an LSTM layer's recurrent weights); off, every intermediate and
     weight goes through global memory (to compare)."""
 

@@ -121,6 +121,8 @@ class ScheduleCache:
             done = self(func)
         except ScheduleError as err:
             return str(err)
+        if group.window_at and done.rule != "WindowChain":
+            return f"fused, {done.rule} schedules it: not the window chain's one kernel"
         anchor = group.anchor
         if anchor is None or len(group.members) == 1:
             return None
@@ -141,12 +143,12 @@ class ScheduleCache:
         return None
 
     def slower_fused(self, group: Group, func: tirx.PrimFunc, readers: dict) -> str | None:
-        """Why ``group`` (its PrimFunc ``func``) is predicted slower as one kernel than as two, all
-        but its last member and that member (a row chain: as the three groups it would be
-        without the chain, ``kernels.unchained``), each a kernel of its own in a CUDA graph (an
+        """Why ``group`` (its PrimFunc ``func``) is predicted slower as one kernel than as the
+        groups it would be without the rule that joined it (``kernels.parts_of``: all but its
+        last member and that member; a row chain's three; a prologue or a window chain cut where
+        it joined), each a kernel of its own in a CUDA graph (an
         estimate); None where it is not, or a form cannot be priced."""
-        split = kernels.unchained(group) if kernels.is_row_chain(group) else \
-            [Group(group.members[:-1]), Group(group.members[-1:])]
+        split = kernels.parts_of(group)
         whole = self._alone_seconds(func)
         parts = [self._alone_seconds(self.group_funcs(g, outputs_of(g, readers))[0]) for g in split]
         if whole is None or None in parts or whole <= sum(parts):

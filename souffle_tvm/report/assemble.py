@@ -160,7 +160,8 @@ def add_souffle_decisions(report: Report, result: BuildResult, level: str, parti
     (its stages' footprints). ``rule_failures``: schedule rules that raised, over every group
     the partitioner asked about (candidates it then split included)."""
     report.level = level
-    report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name], "reason": g.reason}
+    report.groups = [{"name": g.name, "members": [m.op.name for m in g.members] or [g.name], "reason": g.reason,
+                      **({"window_chain": g.window_reason} if g.window_at else {})}
                      for g in partition.groups]
     scheduled = [entry for entry, g in zip(report.groups, partition.groups) if g.opaque is None]
     for entry, (notes, _) in zip(scheduled, schedule_notes):

@@ -222,6 +222,12 @@ class Report:
                              f"{_size(oc['saved_bytes'])} kept off global memory")
             if len(held) > max_rows:
                 lines.append(f"  ... {len(held) - max_rows} more stitched kernels")
+        chained = [g for g in self.groups or [] if g.get("window_chain")]
+        prologues = [g for g in self.groups or [] if g["reason"].startswith("prologue:")]
+        if chained or prologues:
+            lines.append(f"kept on chip in one kernel's shared memory: {len(chained)} window chains (a contraction's "
+                         f"tile and its halo read by the window after it), {len(prologues)} prologues (a scale "
+                         f"applied as the next GEMM loads its operand)")
         if self.reductions and (self.reductions["split"] or self.reductions["kept"]):
             red = self.reductions
             lines.append(f"two-phase reductions: {len(red['split'])} split, {len(red['kept'])} kept whole"

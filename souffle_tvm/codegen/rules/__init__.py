@@ -7,6 +7,9 @@ takes that size):
 - ``aligned_tiles.AlignedTiles``: an elementwise stage cut into its producer's blocks, where
   ``stitch.joint_tiles`` asked for that.
 - ``row_chain.RowChain``: a row chain (attention) in one kernel, its rows held in shared memory.
+- ``window_chain.WindowChain``: a contraction and the depthwise (windowed) reduction reading it in
+  one kernel, the contraction's tile with its halo in shared memory (EfficientNet's expand ->
+  depthwise).
 - ``atomic_rows.AtomicRows``: the atomic form of a two-phase row sum (``atomicAdd``).
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
 - ``tiled_combine.TiledCombine``: a two-phase reduction's combine and its consumer, tiled like
@@ -34,6 +37,7 @@ from .row_reduction import RowReduction
 from .serial_reduction import SerialReduction
 from .tensorcore import TensorCoreMatmul
 from .tiled_combine import TiledCombine
+from .window_chain import WindowChain
 
 __all__ = ["AlignedTiles", "AtomicRows", "ColumnReduction", "NothingToWrite", "StitchedMatmul", "PartialRows", "RowChain", "RowReduction", "SerialReduction",
-           "TensorCoreMatmul", "TiledCombine"]
+           "TensorCoreMatmul", "TiledCombine", "WindowChain"]
