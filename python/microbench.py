@@ -53,7 +53,7 @@ SMS = 132                      # H200; prepare takes it from core.hardware
 # The forms the CUDA rules can give a kernel (codegen.schedule.default_rules): ours at a stitched
 # block size, dlight's at its own. What the builds produced is compared with this list.
 RULE_FORMS = ("StitchedMatmul", "TensorCoreMatmul", "RowReduction", "SerialReduction", "ColumnReduction",
-              "PartialRows", "TiledCombine", "AtomicRows", "AlignedTiles", "Fallback")
+              "PartialRows", "TiledCombine", "AtomicRows", "AlignedTiles", "WindowChain", "Fallback")
 DLIGHT_RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
@@ -147,6 +147,25 @@ def lstm_layer(hidden: int, steps: int, dtype: str = "float32"):
     return lstm.build(lstm.LSTMConfig(layers=1, steps=steps, hidden=hidden, features=hidden, batch=1), dtype)
 
 
+def mbconv_chain(c: int, mid: int, hw: int, k: int, stride: int, dtype: str = "float32"):
+    """MBConv's expansion and depthwise convolution, each with SiLU: one window chain
+    (``WindowChain``) where the latency model predicts it faster than the two kernels."""
+    from onnx import helper
+
+    w1 = (_rng().standard_normal((mid, c, 1, 1)) / math.sqrt(c)).astype(dtype)
+    w2 = (_rng(1).standard_normal((mid, 1, k, k)) / k).astype(dtype)
+    b1, b2 = (_rng(2).standard_normal(mid) / 10).astype(dtype), (_rng(3).standard_normal(mid) / 10).astype(dtype)
+    out = (hw + 2 * (k // 2) - k) // stride + 1
+    # each convolution with its batch norm folded into a bias, as the exported EfficientNet has it
+    nodes = [helper.make_node("Conv", ["X", "W1", "B1"], ["E"]), helper.make_node("Sigmoid", ["E"], ["Es"]),
+             helper.make_node("Mul", ["E", "Es"], ["A"]),
+             helper.make_node("Conv", ["A", "W2", "B2"], ["D"], group=mid, kernel_shape=[k, k],
+                              strides=[stride, stride], pads=[k // 2] * 4),
+             helper.make_node("Sigmoid", ["D"], ["Ds"]), helper.make_node("Mul", ["D", "Ds"], ["Y"])]
+    return _model(nodes, [_vi("X", dtype, [1, c, hw, hw])], [_vi("Y", dtype, [1, mid, out, out])],
+                  [_init("W1", w1), _init("B1", b1), _init("W2", w2), _init("B2", b2)])
+
+
 def elementwise(r: int, c: int, dtype: str = "float32"):
     """x * sigmoid(x) + 1: one elementwise kernel."""
     from onnx import helper
@@ -208,6 +227,9 @@ FAMILIES = {
     "elementwise": ("Fallback", elementwise, [(128, 128), (1024, 1024), (4096, 4096)], "float32", {"": {}}),
     "lstm-layer": ("AlignedTiles/ColumnReduction", lstm_layer, [(64, 8), (256, 8), (256, 32)], "float32",
                    {"": {}, "auto": {"level": "auto"}}),
+    # EfficientNet-B0's expansions and depthwise convolutions (channels in, expanded, side, k, stride)
+    "mbconv": ("WindowChain", mbconv_chain, [(24, 144, 28, 5, 1), (16, 96, 112, 3, 2), (24, 144, 56, 3, 1)],
+               "float32", {"": {}, "auto": {"level": "auto"}}),
 }
 
 

@@ -3,9 +3,10 @@ in one directory, named ``<build>_<model>.json``, where ``build`` is one of BUIL
 
     python python/resident_results.py results/resident-weights-2026-12-03
     python python/resident_results.py results/joint-tiles-2026-12-05 --preset joint-tiles
+    python python/resident_results.py results/mbconv-chains-2026-12-05 --preset mbconv-chains
 
 Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran: summed
-over a stitched kernel's stages, and distinct over the call, the
+over a stitched kernel's stages, and distinct over the call, the L1 sectors its warps touched, the
 latency model's estimate under a CUDA graph, and per stitched kernel its ptxas figures and the
 shared memory its weight copies take) and writes the preset's plot beside the reports."""
 
@@ -24,7 +25,14 @@ BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
 JOINT_BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
                 ("before", "souffle default level before joint tiling (3fd6f02)"),
                 ("auto", "souffle default level with joint tiling"))
-PRESETS = {"resident": (BUILDS, "resident.png"), "joint-tiles": (JOINT_BUILDS, "joint-tiles.png")}
+# the MBConv chains: session start (48980e3), with the prologues (f72c88d), with the window chains
+MBCONV_BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
+                 ("offchip", "souffle default level, --off-chip (no chains, channels or copies)"),
+                 ("before", "souffle default level before (48980e3)"),
+                 ("prologue", "souffle default level with prologues (f72c88d)"),
+                 ("auto", "souffle default level with prologues and window chains"))
+PRESETS = {"resident": (BUILDS, "resident.png"), "joint-tiles": (JOINT_BUILDS, "joint-tiles.png"),
+           "mbconv-chains": (MBCONV_BUILDS, "mbconv-chains.png")}
 
 
 def rows(folder: Path, builds=BUILDS) -> list[dict]:
@@ -36,6 +44,7 @@ def rows(folder: Path, builds=BUILDS) -> list[dict]:
             continue
         r = json.loads(path.read_text())
         counted = (r.get("counted") or {}).get("bytes")
+        sectors = (r.get("counted") or {}).get("sector_bytes")
         # a stitched kernel's distinct bytes count a weight re-read at every step once; summed
         # over its stages (each counted as if alone) they count every re-read, as separate kernels do
         staged = sum(k["launches"] * (sum(st["distinct_bytes"] for st in k["counted"]["stages"])
@@ -45,6 +54,7 @@ def rows(folder: Path, builds=BUILDS) -> list[dict]:
         out.append({"model": model, "build": build, "label": label, "launches": r["launches"],
                     "mb": r["bytes"] / 1e6, "counted_mb": counted / 1e6 if counted else None,
                     "staged_mb": staged / 1e6 if staged else None,
+                    "sector_mb": sectors / 1e6 if sectors else None,
                     "graph_ms": r["latency"]["graph_ms"] if r.get("latency") else None,
                     "kernels": [(k["registers"], k["shared_bytes"], k["spill_bytes"], k["grid"][0], k["block"][0])
                                 for k in stitched]})
@@ -54,14 +64,16 @@ def rows(folder: Path, builds=BUILDS) -> list[dict]:
 
 def table(data: list[dict]) -> str:
     lines = ["| model | build | launches | MB (analytic) | MB counted, per stage | MB counted, per call | "
-             "graph ms (estimate) | stitched kernels: regs, smem B, spill B; blocks x threads |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "L1 sector MB counted | graph ms (estimate) | stitched kernels: regs, smem B, spill B; blocks x threads |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for d in data:
         figures = "; ".join(f"{n} x ({_figures(k)})" if n > 1 else _figures(k) for k, n in _runs(d["kernels"])) or "-"
         counted = f"{d['counted_mb']:.3f}" if d["counted_mb"] is not None else "-"
         staged = f"{d['staged_mb']:.3f}" if d["staged_mb"] is not None else "-"
+        sectors = f"{d['sector_mb']:.1f}" if d["sector_mb"] is not None else "-"
         ms = f"{d['graph_ms']:.3f}" if d["graph_ms"] is not None else "-"
-        lines.append(f"| {d['model']} | {d['label']} | {d['launches']} | {d['mb']:.2f} | {staged} | {counted} | {ms} | {figures} |")
+        lines.append(f"| {d['model']} | {d['label']} | {d['launches']} | {d['mb']:.2f} | {staged} | {counted} | "
+                     f"{sectors} | {ms} | {figures} |")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from souffle_tvm.partition.groups import outputs_of, readers_of
 from souffle_tvm.pipeline import policies
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.runtime import races
+from souffle_tvm.runtime import races, traffic
 from souffle_tvm.stitch import lower
 from souffle_tvm.zoo import efficientnet
 from test_row_chain import _program
@@ -123,6 +123,12 @@ def test_a_full_size_window_chain_matches_the_unscheduled_function(index):
         assert report.ok, (order, str(report))
         got, want = outs[-1], ref[-1].numpy()
         assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), order
+    # the tile's phase loads each activation value once per pixel and input channel, for all the
+    # tile's channels (each a shared store): not once per channel besides (8x the L1 sectors)
+    [launch] = traffic.count(tvm.IRModule({"k": scheduled.mod["main"]}), CUDA, [a.copy() for a in args]).values()
+    activation = max(launch.buffers, key=lambda b: b.distinct_read)
+    [k] = {int(p.ty.shape[1]) for p in func.params if p.name == activation.name}
+    assert 2 * activation.reads <= k * launch.shared["writes"], (activation, launch.shared)
 
 
 def _depthwise_after(x, name):

@@ -97,10 +97,31 @@ class WindowChain(CUDAScheduleRule):
             # the window's tile of the contraction, halo and border predicate derived by TVM
             sch.compute_at(tile, bx)
             sch.set_scope(tile, 0, "shared")
-            _, etx = sch.split(sch.fuse(*sch.get_loops(tile)[1:]), [None, self.block_size])
+            # a thread per pixel of the tile, all its channels in registers: each input value is
+            # loaded once for the block's channels, not once per channel
+            *rest, ec, eh, ew = sch.get_loops(tile)[1:]
+            sch.reorder(*rest, eh, ew, ec)
+            _, etx = sch.split(sch.fuse(*rest, eh, ew), [None, self.block_size])
             sch.bind(etx, "threadIdx.x")
-            sch.compute_at(infos[p].block_rv, etx)
-            sch.set_scope(infos[p].block_rv, 0, "local")
+            sch.unroll(ec)
+            contraction = infos[p].block_rv
+            sch.compute_at(contraction, etx, preserve_unit_loops=True)
+            sch.set_scope(contraction, 0, "local")
+            depth = 1 + [sch.get(lp).same_as(sch.get(etx)) for lp in sch.get_loops(tile)].index(True)
+            inner = sch.get_loops(contraction)[depth:]
+            kinds = infos[p].dom_kind()
+            if len(inner) == len(kinds):
+                summed = [lp for lp, k in zip(inner, kinds) if k == "R"]
+                kept = [lp for lp, k in zip(inner, kinds) if k == "S"]
+                sch.reorder(*summed, *kept)
+                for lp in kept:
+                    sch.unroll(lp)
+                if summed:                           # each operand value read once per term
+                    for i in range(len(sch.get(contraction).reads)):
+                        copy = sch.cache_read(contraction, i, "local")
+                        sch.compute_at(copy, summed[-1])
+                        for lp in sch.get_loops(copy)[len(sch.get_loops(contraction)) - len(kept):]:
+                            sch.unroll(lp)               # registers, not a local-memory array
             sch.decompose_reduction(window.block_rv, terms[0])
         except (RuntimeError, ValueError):           # tvm's ScheduleError: not this structure
             return None
