@@ -121,8 +121,9 @@ class ScheduleCache:
             done = self(func)
         except ScheduleError as err:
             return str(err)
-        if group.window_at and done.rule != "WindowChain":
-            return f"fused, {done.rule} schedules it: not the window chain's one kernel"
+        broken = breaks_join(group, done)
+        if broken is not None:
+            return broken
         anchor = group.anchor
         if anchor is None or len(group.members) == 1:
             return None
@@ -167,6 +168,15 @@ class ScheduleCache:
         gpu = hardware.for_arch(str(self.target.attrs.get("arch", "sm_90")))
         return by_time.alone_seconds(gpu, latency.FITTED, _work(scheduled, lowered, func, self.target),
                                      [estimate.stage(low.body) for low in lowered])
+
+
+def breaks_join(group: Group, done: schedule.Scheduled) -> str | None:
+    """Why ``done`` does not build ``group`` as the join that formed it, None where it does: a
+    window chain is one ``WindowChain`` kernel (as dlight's Fallback, say, its tile would go
+    through global memory, with per-term loads the latency model misses: 9x the L1 sectors)."""
+    if group.window_at and done.rule != "WindowChain":
+        return f"fused, {done.rule} schedules it: not the window chain's one kernel"
+    return None
 
 
 def held_whole(prog) -> dict:
@@ -439,16 +449,12 @@ def schedules_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[G
     for i, g in enumerate(groups):
         if g.opaque is not None or i not in calls.call_index or not timer.facts.work[i]:
             continue
-        if g.window_at:
-            # the group exists for WindowChain's one kernel; the v2 rules build it as dlight's
-            # Fallback, whose per-MAC global loads (counted: 9x the sectors) the model misses
-            continue
         if raw.func(i) not in seconds:
-            v2 = cache(raw.func(i)).func
-            seconds[raw.func(i)] = (v2, _alone_seconds(v2, raw.func(i), target, timer))
+            v2 = cache(raw.func(i))
+            seconds[raw.func(i)] = (v2, _alone_seconds(v2.func, raw.func(i), target, timer))
         v2, alt = seconds[raw.func(i)]
-        if alt is not None and alt < timer.stitchable_alone(i):
-            out[i], timer.rescheduled[i] = v2, alt
+        if breaks_join(g, v2) is None and alt is not None and alt < timer.stitchable_alone(i):
+            out[i], timer.rescheduled[i] = v2.func, alt
     return out
 
 
