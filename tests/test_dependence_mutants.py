@@ -186,6 +186,45 @@ def test_int32_indices_are_widened():
     assert need(reads((VB + c(1)) % c(8) * c(64) + TID), writer) == GRID
 
 
+def test_int32_arithmetic_under_casts_is_seen_through():
+    # what lowering leaves in a GEMM stage's store: int32(tid % 64) // 8 * 8 + int32(tid % 64) % 8,
+    # the iterator analysis cannot take a cast apart (ResNeXt's 1x1 convolutions got a grid sync)
+    t32 = tirx.Cast("int32", tirx.FloorMod(TID, c(64)))
+    split = tirx.FloorDiv(t32, tirx.const(8, "int32")) * tirx.const(8, "int32") + tirx.FloorMod(t32, tirx.const(8, "int32"))
+    writer = view(store(VB * c(64) + tirx.Cast(I64, split)))
+    assert need(reads(VB * c(64) + c(63) - TID), writer) == BLOCK
+    assert need(reads(OWN), writer) == NONE
+    assert need(reads(VB * c(64) + TID + c(1)), writer) == GRID
+
+
+def test_int32_loop_variables_are_widened():
+    i, j = tirx.Var("i", "int32"), tirx.Var("j", "int32")
+    wide = lambda v: tirx.Cast(I64, v)
+    writer = view(tirx.For(i, tirx.const(0, "int32"), tirx.const(4, "int32"), tirx.ForKind.SERIAL,
+                           store(VB * c(256) + wide(i) * c(64) + TID)))
+    whole = tirx.For(j, tirx.const(0, "int32"), tirx.const(256, "int32"), tirx.ForKind.SERIAL, reads(VB * c(256) + wide(j)))
+    assert need(whole, writer, blocks=4) == BLOCK
+    past = tirx.For(j, tirx.const(0, "int32"), tirx.const(257, "int32"), tirx.ForKind.SERIAL, reads(VB * c(256) + wide(j)))
+    assert need(past, writer, blocks=4) == GRID
+
+
+def test_one_virtual_block_each_needs_a_block_barrier_whatever_the_stores():
+    guarded = view(tirx.IfThenElse(TID < c(8), store(TID * c(3)), None), blocks=1)
+    assert need(reads(c(1023) - TID), guarded, blocks=1) == BLOCK
+    assert need(reads(c(1023) - TID), guarded, blocks=2) == GRID     # block 1 has no writer
+    wide = view(tirx.IfThenElse(TID < c(8), store(TID * c(3)), None), blocks=2)
+    assert need(reads(c(1023) - TID), wide, blocks=1) == GRID        # block 1 wrote some of it
+    # the channel of a one-block writer holds the whole buffer, corner 0, where its stores are
+    # unguarded and every stage spans the kernel's 64 threads (TVM's ThreadSync cannot put a
+    # barrier under an ``if``)
+    plain = view(store(TID * c(3)), blocks=1)
+    reader = (view(reads(c(1023) - TID), blocks=1), B)
+    box = d.covering_box(plain, B, [reader], block=64)
+    assert [(int(base), int(ext)) for base, ext in box] == [(0, 1024)]
+    assert d.covering_box(guarded, B, [reader], block=64) is None
+    assert d.covering_box(plain, B, [reader], block=128) is None
+
+
 def test_atomic_updates_prove_no_ownership():
     writer = view(atomic_add(OWN))
     assert need(reads(OWN), writer) == GRID

@@ -22,6 +22,7 @@ from souffle_tvm.te import program as te_program
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.transforms import horizontal, two_phase, vertical
+from souffle_tvm.transforms.two_phase import partial_lanes
 from souffle_tvm.zoo.builder import GraphBuilder
 
 CUDA = make_target("cuda")
@@ -76,11 +77,21 @@ def test_the_transform_decides_from_the_predicate_it_is_handed():
     assert asked and not res.split
     assert all("not scheduled in tiles a partial can share" in why for why in res.kept.values())
     assert two_phase(prog, lambda gemm: (64, 64)).split
-    # the partials take the tile they are handed: 32 rows per block, 4 partials of 64 columns
+    # the partials take the tile they are handed: 32 rows per block, 4 tiles of 64 columns a
+    # row, each row of a tile shared by 4 lanes (128 of the block's 256 threads: a lane's 16
+    # columns are the fewest, LANE_COLUMNS), so 16 partials a row
     res = two_phase(prog, lambda gemm: (32, 64))
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
-    assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} == {(32, 64)}
-    assert all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
+    assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"]),
+             int(t.op.attrs["souffle_partial_lanes"])) for t in partials} == {(32, 64, 4)}
+    assert all([int(d) for d in t.shape] == [1, 128, 16] for t in partials)
+
+
+@pytest.mark.parametrize("tile,lanes", [((64, 128), 4), ((32, 64), 4), ((64, 64), 4), ((16, 16), 1),
+                                        ((128, 128), 2), ((16, 256), 16), ((256, 64), 1)])
+def test_the_lanes_of_a_tile_row(tile, lanes):
+    """As many threads a row as the block has for the tile's rows, each reducing at least 16 columns."""
+    assert partial_lanes(tile) == lanes
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -290,7 +301,7 @@ def test_fp16_reductions_split_in_the_tensor_core_tiles():
     res = two_phase(prog, gemm_tile)
     assert res.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
-    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
+    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 16] for t in partials)
     assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} \
         == {(32, 64)}
 

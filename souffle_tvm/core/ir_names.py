@@ -8,6 +8,7 @@ PARTIAL_TAG = "souffle_partial"       # te.compute tag of a two-phase reduction'
 ATOMIC_ATTR = "souffle_atomic"        # ... on a first phase accumulated with atomics (AtomicRows)
 TILE_ATTR = "souffle_partial_tile"    # the GEMM tile width a first-phase stage reduces
 ROW_TILE_ATTR = "souffle_partial_rows"  # ... and the GEMM tile's row count (one block's rows)
+LANES_ATTR = "souffle_partial_lanes"   # ... and the lanes that share a row of it (a partial each)
 COMBINE_TILE_ATTR = "souffle_combine_tile"  # on a two-phase combine: its GEMM's tile as rows * 65536 + cols
 K_OPAQUE = 8                          # Relax OpPatternKind::kOpaque, on every PrimFunc we emit
 GEMM_TILE_ATTR = "souffle.gemm_tile"  # on a stitched GEMM stage's schedule: its output tile (rows, columns)

@@ -234,16 +234,20 @@ def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
 
     Both forms have the grid sync after the GEMM (before the combine, or before the row
     reduction), so they differ in two stages: split, the partials run in the GEMM's blocks
-    (one tile each, one thread per tile row) and a combine reduces them, a row per block;
-    whole, one row reduction per block reads the rows. Both run on a stitched kernel's
-    resident blocks (256 threads, grid-stride)."""
+    (one tile each, ``lanes`` threads a tile row, a partial each) and a combine reduces them,
+    a row per block; whole, one row reduction per block reads the rows. Both run on a stitched
+    kernel's resident blocks (256 threads, grid-stride). The split's first stage is priced as
+    if it read the tile from global memory (an upper bound: stitched with its GEMM it reads the
+    tile on chip)."""
     gpu = gpu or hardware.for_arch(str(make_target("cuda").attrs["arch"]))
     c = candidate
-    tile_rows, parts = c.tile[0], c.length // c.tile[1]
+    tile_rows, tiles_a_row = c.tile[0], c.length // c.tile[1]
+    parts = tiles_a_row * c.lanes
     row_bytes = c.rows * c.length * c.elem_bytes
     partial_bytes = c.partials * c.rows * parts * c.partial_bytes
     whole = [latency.Stage(c.rows, STITCH_BLOCK, row_bytes + c.rows * c.partial_bytes, c.partials * c.rows * c.length)]
-    split = [latency.Stage(c.rows // tile_rows * parts, tile_rows, row_bytes + partial_bytes, c.partials * c.rows * c.length),
+    split = [latency.Stage(c.rows // tile_rows * tiles_a_row, tile_rows * c.lanes, row_bytes + partial_bytes,
+                           c.partials * c.rows * c.length),
              latency.Stage(c.rows, STITCH_BLOCK, partial_bytes + c.rows * c.partial_bytes, c.partials * c.rows * parts)]
     slots = gpu.sms * max(1, gpu.threads_per_sm // STITCH_BLOCK)
 

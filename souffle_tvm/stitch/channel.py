@@ -62,7 +62,7 @@ class Channel:
 
 def plan(views: list[dependence.StageView], args: list[list], access: list[tuple[list, list]],
          needs: list[str], param_of: dict, private: Callable[[Hashable], bool],
-         own_shared: list[int], grid: int, reserved: int = 0) -> tuple[list[Channel], list[tuple[int, int]], list]:
+         own_shared: list[int], grid: int, reserved: int = 0, block: int = 0) -> tuple[list[Channel], list[tuple[int, int]], list]:
     """The channels of a stitched kernel on ``grid`` blocks, the stage spans ``(first, last)``
     to fuse for them, and ``views`` with the channels' accesses rebased onto them.
 
@@ -71,7 +71,8 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
     before it (``dependence``); ``private(key)``: the tensor is made here and not read after
     the kernel; ``own_shared[i]``: the shared bytes stage ``i`` allocates itself. The channels
     live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED_LIMIT``)
-    less ``reserved`` (the kernel's other shared buffers: ``resident`` copies).
+    less ``reserved`` (the kernel's other shared buffers: ``resident`` copies). ``block``: the
+    kernel's threads per block.
     """
     n = len(views)
     seg = [0] * n      # stages of one segment: no grid sync between them, as many blocks
@@ -98,7 +99,7 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
         resident = views[w].blocks <= grid
         if not local or (not resident and (dual or any(seg[r] != seg[w] for r in local))):
             continue
-        box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local])
+        box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local], block)
         if box is not None:
             shape = [int(e) for _, e in box]
             channels.append(Channel(k, w, local, box, tirx.decl_buffer(shape, str(buf.ty.dtype), f"{buf.name}_onchip",

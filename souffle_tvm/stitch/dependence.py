@@ -15,7 +15,8 @@ is block-local when every load of the buffer, bounded over its own iterators
 (``Analyzer.int_set``), provably stays inside that box for every ``vb`` it runs. Anything the
 analysis cannot see through (a guarded or data-dependent store, a let-bound index, a non-affine
 map, more reader blocks than writer blocks) keeps the grid sync: the proof may be incomplete,
-never unsound. It assumes what every schedule here guarantees: a stage writes each element of
+never unsound. Where writer and reader have one virtual block each, block 0 runs both, so a
+block barrier suffices whatever the stores' form (a 1-row tail: MMoE's gates and towers). It assumes what every schedule here guarantees: a stage writes each element of
 an output from one block (no split-K across blocks); write-after-read and write-after-write
 between stages always get a grid sync (``kernel.stitch``).
 """
@@ -99,30 +100,50 @@ def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
     return stores, loads
 
 
-def _narrowed(c):
-    """``int64(int32(x))`` with ``x`` an int64 launch index is ``x``: block and thread indices
-    fit in 32 bits, and the arithmetic below cannot see through the round trip."""
-    if isinstance(c, tirx.Cast) and isinstance(c.value, tirx.Cast) and str(c.value.value.ty.dtype) == str(c.ty.dtype):
-        return c.value.value
-    return c
+_ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
 
 
-def _i64(e):
-    e = tvm_ffi.structural_map(e, (tirx.Cast, _narrowed))
+def _is_int(e) -> bool:
+    return str(e.ty.dtype).startswith(("int", "uint"))
+
+
+def _i64(e, names: dict | None = None):
+    """``e`` computed in int64 throughout: its int32 casts and constants widened, its int32
+    variables renamed through ``names`` (old -> int64 var). Index arithmetic fits in 32 bits (the
+    buffers do), so the value is the same; the iterator analysis cannot see through a cast
+    (``int32(tid % 16) // 8``, what lowering leaves in a stage's indices) nor take an int32
+    iterator under a cast."""
+    names = {} if names is None else names
+    if isinstance(e, tirx.IntImm):
+        return tirx.const(int(e.value), "int64")
+    if isinstance(e, tirx.Cast) and _is_int(e) and _is_int(e.value):
+        return _i64(e.value, names)
+    if isinstance(e, tirx.Var) and str(e.ty.dtype) != "int64":
+        return names[e] if e in names else tirx.Cast("int64", e)
+    if isinstance(e, _ARITH) and _is_int(e):
+        return type(e)(_i64(e.a, names), _i64(e.b, names))
     return e if str(e.ty.dtype) == "int64" else tirx.Cast("int64", e)
+
+
+def _wide_loops(loops: dict) -> tuple[dict, dict]:
+    """``loops`` (var -> Range) with int64 variables and bounds, and the renaming of the int32
+    ones for ``_i64``."""
+    names = {v: tirx.Var(v.name, "int64") for v in loops if str(v.ty.dtype) != "int64"}
+    return {names.get(v, v): tvm.ir.Range.from_min_extent(_i64(r.min, names), _i64(r.extent, names))
+            for v, r in loops.items()}, names
 
 
 def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
     """The dense box ``[(base, extent)]`` an unguarded store writes for one vb (and one tid)."""
     if store.guarded:
         return None
-    iters = dict(store.loops)
+    iters, names = _wide_loops(store.loops)
     if not per_thread:
         iters[view.tid] = tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64"))
     if not all(isinstance(r.extent, tirx.IntImm) for r in iters.values()):
         return None
     try:
-        res = arith.detect_iter_map([_i64(i) for i in store.indices], iters, True, "surjective")
+        res = arith.detect_iter_map([_i64(i, names) for i in store.indices], iters, True, "surjective")
     except Exception:   # noqa: BLE001 - an index form the iterator analysis rejects proves nothing
         return None
     if len(res.errors) or len(res.indices) != len(store.indices):
@@ -141,14 +162,15 @@ def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
 def _inside(load: _Access, box: list, view: StageView, per_thread: bool) -> bool:
     ana = arith.Analyzer()
     ana.bind(VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.blocks, "int64")))
-    dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in load.loops.items()}
+    loops, names = _wide_loops(load.loops)
+    dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}
     tid_range = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
     if per_thread:
         ana.bind(view.tid, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64")))
     else:
         dom[view.tid] = tid_range
     for idx, (base, ext) in zip(load.indices, box):
-        s = ana.int_set(_i64(idx), dom)
+        s = ana.int_set(_i64(idx, names), dom)
         if not (ana.can_prove(s.min_value >= base) and ana.can_prove(s.max_value <= base + ext - 1)):
             return False
     return True
@@ -168,10 +190,11 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
         boxes = [b for s in stores for b in [_box(s, writer, per_thread)] if b is not None]
         if boxes and all(any(_inside(ld, b, reader, per_thread) for b in boxes) for ld in loads):
             return level
-    return GRID
+    # one virtual block each: block 0 made every element there is, whatever its stores' form
+    return BLOCK if writer.blocks == reader.blocks == 1 else GRID
 
 
-def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]) -> list | None:
+def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]], block: int = 0) -> list | None:
     """One box ``[(base, extent)]`` per virtual block of ``writer`` holding every access the
     writer makes to ``buf`` and every load of each reader (``(view, its name for buf)``), with
     constant extents; None if no store's box does (or an access is not a plain scalar one).
@@ -185,6 +208,13 @@ def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]
         accesses += [(a, view) for a in _accesses(view.body, rbuf)[1]]
     if not stores or any(not a.indices or any("x" in str(i.ty) for i in a.indices) for a, _ in accesses):
         return None       # atomics (no indices) or vector accesses: not rebased here
+    # the one block holds it all; only where its stores are unguarded and every stage spans the
+    # block's threads: under an ``if`` (a guard, or ``tid < n`` around a narrower stage) TVM's
+    # ThreadSync cannot put the barrier a shared buffer written and read there would need
+    if (writer.blocks == 1 and not any(s.guarded for s in stores)
+            and all(v.threads == block for v in [writer] + [v for v, _ in readers])
+            and all(isinstance(d, tirx.IntImm) for d in buf.shape)):
+        return [(tirx.const(0, "int64"), int(d)) for d in buf.shape]
     for s in stores:
         box = _box(s, writer, False)
         if box is None or not all(isinstance(e, (int, tirx.IntImm)) for _, e in box):
@@ -210,9 +240,10 @@ def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list 
         if stores or not loads or any(not ld.indices or any("x" in str(i.ty) for i in ld.indices) for ld in loads):
             return None
         for ld in loads:
-            dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in ld.loops.items()}
+            loops, names = _wide_loops(ld.loops)
+            dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}
             dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
-            sets = [ana.int_set(_i64(idx), dom) for idx in ld.indices]
+            sets = [ana.int_set(_i64(idx, names), dom) for idx in ld.indices]
             bounds.append([(s.min_value, s.max_value) for s in sets])
     box = []
     for d, size in enumerate(shape):

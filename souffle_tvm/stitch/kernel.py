@@ -80,7 +80,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for i in r.readers[1:]:
             needs[i] = dependence.stronger(needs[i], dependence.BLOCK)
     channels, spans, views = (channel.plan(views, args, access, needs, param_of, private, own_shared, grid,
-                                           sum(tir_stats.buffer_bytes(b) for b in copies))
+                                           sum(tir_stats.buffer_bytes(b) for b in copies), block)
                               if private is not None else ([], [], views))
     gone = {ch.key for ch in channels if not ch.dual}
     resident_reads = [any(ch.resident and i in ch.readers for ch in channels) or any(i in r.readers for r in residents)

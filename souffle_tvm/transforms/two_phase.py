@@ -5,8 +5,12 @@ and variance) would wait, after a grid sync, for whole rows. Split in two, its f
 reduces each ``cols``-wide slice of a row — exactly the slice one GEMM thread block wrote
 (its ``rows x cols`` output tile, which the GEMM's rule sizes to the grid), so the
 stitcher can prove it block-local and drop the grid sync in between — into a partial buffer
-``P[..., j]``; after one grid sync, the second phase combines
-the partials of a row. Deterministic (a fixed combine order), and exact in real arithmetic:
+``P[..., q]``; after one grid sync, the second phase combines
+the partials of a row. A tile's row is shared by ``lanes`` threads (``partial_lanes``: the
+block's threads over the tile's rows), each reducing every ``lanes``-th column of it into a
+partial of its own, so the whole block works on the tile and the lanes' partials are added in
+the combine: ``P[..., j * lanes + l]`` reduces columns ``j * cols + l + lanes * i``.
+Deterministic (a fixed combine order), and exact in real arithmetic:
 
 * ``sum``/``max`` of an expression of the row element: partial sums/maxima, combined the same way;
 * ``sum((e - c)^2)`` for a row constant ``c`` (variance about the mean): per tile the sum ``s``
@@ -30,7 +34,8 @@ from tvm import te, tirx
 
 from ..te import analysis, rewrite as te_rewrite
 from ..core import tir_stats
-from ..core.ir_names import ATOMIC_ATTR, COMBINE_TILE_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
+from ..core.geometry import STITCH_BLOCK
+from ..core.ir_names import ATOMIC_ATTR, COMBINE_TILE_ATTR, LANES_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
 from ..te.program import TEProgram
 
 
@@ -49,6 +54,20 @@ class Candidate:
     elem_bytes: int
     partial_bytes: int
     partials: int
+    lanes: int = 1
+
+
+LANE_COLUMNS = 16     # the fewest columns a lane reduces: its partials stay well below the tile's bytes
+
+
+def partial_lanes(tile: tuple[int, int], threads: int = STITCH_BLOCK) -> int:
+    """How many threads share a row of a ``(rows, cols)`` GEMM tile in its first phase: the most
+    whose ``rows x lanes`` fit a block of ``threads`` and that divide the tile's columns into
+    runs of at least ``LANE_COLUMNS`` (each lane's partial leaves the chip: a 64 x 128 fp16 tile
+    sends 2 x 4 B per 32 elements, an eighth of its own bytes)."""
+    rows, cols = tile
+    return max(d for d in range(1, max(1, threads // rows) + 1)
+               if cols % d == 0 and (d == 1 or cols // d >= LANE_COLUMNS))
 
 
 Judge = Callable[[Candidate], "str | None"]     # None: split it; else why not
@@ -218,22 +237,25 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                                               attrs={TILE_ATTR: tile[1], ROW_TILE_ATTR: tile[0], ATOMIC_ATTR: 1})
         return partials[kind, key_expr]
 
-    def partial(kind: str, e_of, shape, name: str, key_expr, tile, extra=None):
-        """P[..., j] = reduce_{kk < cols} of the row element at k = j*cols + kk."""
+    def partial(kind: str, e_of, shape, name: str, key_expr, tile, lanes: int, extra=None):
+        """P[..., j*lanes + l] = reduce_{i < cols/lanes} of the row element at k = j*cols + l + lanes*i."""
         if (kind, key_expr) in partials:
             return partials[kind, key_expr]
         rows, cols = tile
 
         def f(*idx):
-            kk = te.reduce_axis((0, cols), name="kk")
-            kidx = idx[-1] * tirx.const(cols, str(idx[-1].ty)) + kk.var
+            kk = te.reduce_axis((0, cols // lanes), name="kk")
+            q = idx[-1]
+            c = lambda v: tirx.const(v, str(q.ty))      # noqa: E731
+            kidx = (tirx.floordiv(q, c(lanes)) * c(cols) + tirx.floormod(q, c(lanes)) + kk.var * c(lanes)
+                    if lanes > 1 else q * c(cols) + kk.var)
             value = e_of(list(idx[:-1]), kidx)
             if extra is not None:
                 value = extra(list(idx), value)
             return (te.max if kind == "max" else te.sum)(value, axis=kk)
 
         partials[kind, key_expr] = te.compute(shape, f, name=name, tag=PARTIAL_TAG,
-                                              attrs={TILE_ATTR: cols, ROW_TILE_ATTR: rows})
+                                              attrs={TILE_ATTR: cols, ROW_TILE_ATTR: rows, LANES_ATTR: lanes})
         return partials[kind, key_expr]
 
     for t in stages:
@@ -249,7 +271,8 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                 form, e = None, f"its rows of {K} are not two or more {cols}-column GEMM tiles"
             elif judge is not None:
                 why = judge(Candidate(names[op], form, math.prod(spatial), K, tile, _elem_bytes(e),
-                                      tir_stats.dtype_bytes(t.dtype), 1 if form in ("sum", "max") else 2))
+                                      tir_stats.dtype_bytes(t.dtype), 1 if form in ("sum", "max") else 2,
+                                      partial_lanes(tile)))
                 if why is not None:
                     form, e = None, why
         if form is None:
@@ -261,7 +284,8 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         axes = [ax.var for ax in op.axis]
         k = op.reduce_axis[0].var
         dtype = str(t.dtype)
-        shape = spatial + [K // cols]
+        lanes = partial_lanes(tile)
+        shape = spatial + [K // cols * lanes]
 
         def e_of(sp, kidx, e=e, axes=axes, k=k):
             vmap = {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}
@@ -274,7 +298,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         # the display name ("T_add_sum#1") keys the record; the new stages' names reach the
         # generated code as buffer names, so they are C identifiers ("T_add_sum_1_partial")
         shown, base = names[op], names[op].replace("#", "_")
-        T = tirx.const(float(cols), dtype)
+        T = tirx.const(float(cols // lanes), dtype)        # the elements of one partial
         key = _canonical(e, axes, k)
         if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
             s1 = atomic_sum(e_of, spatial, K, f"{base}_atomic_sum", key, tile)
@@ -287,12 +311,12 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
             result.split[shown] = form + " (atomic)"
             continue
         if form in ("sum", "max"):
-            p = partial(form, e_of, shape, f"{base}_partial", key, tile)
+            p = partial(form, e_of, shape, f"{base}_partial", key, tile, lanes)
             combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
             reducer = te.max if form == "max" else te.sum
         elif form == "sum-sq":
-            s = partial("sum", e_of, shape, f"{base}_partial_sum", key, tile)
-            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key, tile,
+            s = partial("sum", e_of, shape, f"{base}_partial_sum", key, tile, lanes)
+            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key, tile, lanes,
                          extra=lambda idx, v, s=s: (v - s(*idx) / T) * (v - s(*idx) / T))
 
             def combine(sp, j, s=s, m2=m2, c_of=c_of):
@@ -300,8 +324,8 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                 return m2(*sp, j) + T * d * d
             reducer = te.sum
         else:   # sum-exp
-            m = partial("max", e_of, shape, f"{base}_partial_max", key, tile)
-            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key, tile,
+            m = partial("max", e_of, shape, f"{base}_partial_max", key, tile, lanes)
+            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key, tile, lanes,
                          extra=lambda idx, v, m=m: tirx.exp(v - m(*idx)))
 
             def combine(sp, j, m=m, es=es, c_of=c_of):
@@ -309,7 +333,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
             reducer = te.sum
 
         # the combine knows its GEMM's tile: its consumer can be laid out like the GEMM (TiledCombine)
-        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols), name=f"{base}_combine",
+        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols * lanes), name=f"{base}_combine",
                                  attrs={COMBINE_TILE_ATTR: rows * 65536 + cols})]
         result.split[shown] = form
     if not result.split:
