@@ -207,7 +207,15 @@ def test_a_stitched_kernel_whose_outputs_but_one_stay_on_chip_is_called_for_that
             assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
 
 
-@pytest.mark.parametrize("name", zoo_but_slow("swin", "lstm"))
+_LSTM_B2 = ("the zoo's small LSTM runs batch 2: its GEMMs are not ColumnReduction, so joint tiling leaves "
+            "the cell update on other blocks, and its one-block stages store under `if tid < 32`; a "
+            "whole-buffer channel there (allowed for a writer that does not read it) stops its time steps "
+            "rolling into a loop (tests/test_rolling.py). At batch 1, the full model's form, the gates and c "
+            "are on chip (tests/test_joint_tiles.py)")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=_LSTM_B2)])
+                                  if n == "lstm" else n for n in zoo_but_slow("swin")])
 def test_every_small_model_keeps_an_intermediate_of_a_stitched_kernel_on_chip(name, v3_builds):
     """Issue 30's bar, at ``--level v3``: each small zoo model has a stitched kernel in which a
     tensor between two stages lives in shared memory (a channel), not global memory. ResNeXt's
