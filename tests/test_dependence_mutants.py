@@ -208,6 +208,26 @@ def test_int32_loop_variables_are_widened():
     assert need(past, writer, blocks=4) == GRID
 
 
+def test_a_loop_variable_left_unwidened_proves_nothing():
+    # found in review: under a truncating mod the int32 loop variable is not renamed, so it was
+    # a free symbol beside its widened self, and the proof said NONE where a grid sync is needed.
+    # Block vb writes the even elements of its 64 (j + j % 2) and the odd ones of block vb - 1's;
+    # the reader's b[64 vb + 1] is block vb + 1's
+    j, k = tirx.Var("j", "int32"), tirx.Var("k", I64)
+    i32 = lambda v: tirx.const(v, "int32")     # noqa: E731
+    own = VB * c(64) + tirx.Cast(I64, j + tirx.Mod(j, i32(2)))
+    prev = tirx.FloorMod(VB + c(7), c(8)) * c(64) + k * c(2) + c(1)
+    writer = view(tirx.SeqStmt([tirx.For(j, i32(0), i32(63), tirx.ForKind.SERIAL, store(own)),
+                                tirx.For(k, c(0), c(32), tirx.ForKind.SERIAL, store(prev))]))
+    assert need(reads(VB * c(64) + c(1) + tirx.FloorMod(TID, c(61))), writer) == GRID
+
+
+def test_a_cast_that_changes_the_value_is_not_dropped():
+    # int8(4 tid) wraps for tid >= 32: the store writes no dense box of its block
+    wraps = view(store(VB * c(64) + tirx.Cast(I64, tirx.Cast("int8", TID * c(4))) // c(4)))
+    assert need(reads(VB * c(64) + c(63) - TID), wraps) == GRID
+
+
 def test_one_virtual_block_each_needs_a_block_barrier_whatever_the_stores():
     guarded = view(tirx.IfThenElse(TID < c(8), store(TID * c(3)), None), blocks=1)
     assert need(reads(c(1023) - TID), guarded, blocks=1) == BLOCK

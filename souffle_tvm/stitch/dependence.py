@@ -30,6 +30,8 @@ import tvm.sym as arith
 import tvm_ffi
 from tvm import tirx
 
+from ..te.rewrite import uses
+
 GRID, BLOCK, NONE = "grid", "block", "none"     # the barrier a dependence needs, strongest first
 _ORDER = {NONE: 0, BLOCK: 1, GRID: 2}
 
@@ -103,8 +105,11 @@ def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
 
 
-def _is_int(e) -> bool:
-    return str(e.ty.dtype).startswith(("int", "uint"))
+_INDEX = ("int32", "int64")
+
+
+def _is_index(e) -> bool:
+    return str(e.ty.dtype) in _INDEX
 
 
 def _i64(e, names: dict | None = None):
@@ -116,13 +121,21 @@ def _i64(e, names: dict | None = None):
     names = {} if names is None else names
     if isinstance(e, tirx.IntImm):
         return tirx.const(int(e.value), "int64")
-    if isinstance(e, tirx.Cast) and _is_int(e) and _is_int(e.value):
+    if isinstance(e, tirx.Cast) and _is_index(e) and _is_index(e.value):    # int8, uint32...: opaque
         return _i64(e.value, names)
     if isinstance(e, tirx.Var) and str(e.ty.dtype) != "int64":
         return names[e] if e in names else tirx.Cast("int64", e)
-    if isinstance(e, _ARITH) and _is_int(e):
+    if isinstance(e, _ARITH) and _is_index(e):
         return type(e)(_i64(e.a, names), _i64(e.b, names))
     return e if str(e.ty.dtype) == "int64" else tirx.Cast("int64", e)
+
+
+def _wide_indices(indices: list, names: dict) -> list | None:
+    """``indices`` through ``_i64``; None where a renamed loop variable is left in one (under a
+    node ``_i64`` does not rebuild: a truncating division, a select, a load), which would be a
+    free symbol to the analysis beside its renamed self: such an access proves nothing."""
+    out = [_i64(i, names) for i in indices]
+    return None if names and any(uses(i, names) for i in out) else out
 
 
 def _wide_loops(loops: dict) -> tuple[dict, dict]:
@@ -142,8 +155,11 @@ def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
         iters[view.tid] = tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64"))
     if not all(isinstance(r.extent, tirx.IntImm) for r in iters.values()):
         return None
+    indices = _wide_indices(store.indices, names)
+    if indices is None:
+        return None
     try:
-        res = arith.detect_iter_map([_i64(i, names) for i in store.indices], iters, True, "surjective")
+        res = arith.detect_iter_map(indices, iters, True, "surjective")
     except Exception:   # noqa: BLE001 - an index form the iterator analysis rejects proves nothing
         return None
     if len(res.errors) or len(res.indices) != len(store.indices):
@@ -169,8 +185,11 @@ def _inside(load: _Access, box: list, view: StageView, per_thread: bool) -> bool
         ana.bind(view.tid, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64")))
     else:
         dom[view.tid] = tid_range
-    for idx, (base, ext) in zip(load.indices, box):
-        s = ana.int_set(_i64(idx, names), dom)
+    indices = _wide_indices(load.indices, names)
+    if indices is None:
+        return False
+    for idx, (base, ext) in zip(indices, box):
+        s = ana.int_set(idx, dom)
         if not (ana.can_prove(s.min_value >= base) and ana.can_prove(s.max_value <= base + ext - 1)):
             return False
     return True
@@ -191,6 +210,7 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
         if boxes and all(any(_inside(ld, b, reader, per_thread) for b in boxes) for ld in loads):
             return level
     # one virtual block each: block 0 made every element there is, whatever its stores' form
+    # (true by construction: the static check, which asks this function, cannot refute it)
     return BLOCK if writer.blocks == reader.blocks == 1 else GRID
 
 
@@ -243,7 +263,10 @@ def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list 
             loops, names = _wide_loops(ld.loops)
             dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}
             dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
-            sets = [ana.int_set(_i64(idx, names), dom) for idx in ld.indices]
+            indices = _wide_indices(ld.indices, names)
+            if indices is None:
+                return None
+            sets = [ana.int_set(idx, dom) for idx in indices]
             bounds.append([(s.min_value, s.max_value) for s in sets])
     box = []
     for d, size in enumerate(shape):

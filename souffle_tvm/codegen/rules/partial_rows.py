@@ -27,9 +27,12 @@ class PartialRows(CUDAScheduleRule):
         tiles = {int(sch.get(b).annotations.get(TILE_ATTR, 0)) for b in blocks}
         if len(tiles) != 1 or 0 in tiles or any(ATOMIC_ATTR in sch.get(b).annotations for b in blocks):
             return None
-        annotations = sch.get(blocks[0]).annotations
-        rows_per_tile = int(annotations.get(ROW_TILE_ATTR, tiles.pop()))
-        lanes = int(annotations.get(LANES_ATTR, 1))
+        tile = tiles.pop()
+        shapes = {(int(sch.get(b).annotations.get(ROW_TILE_ATTR, tile)), int(sch.get(b).annotations.get(LANES_ATTR, 1)))
+                  for b in blocks}
+        if len(shapes) != 1:      # partials of different tiles: not one layout
+            return None
+        ((rows_per_tile, lanes),) = shapes
         *lead, rows, col, red = sch.get_loops(blocks[0])
         ro, ri = sch.split(rows, [None, rows_per_tile])
         co, ci = sch.split(col, [None, lanes])
