@@ -16,8 +16,10 @@ is block-local when every load of the buffer, bounded over its own iterators
 analysis cannot see through (a guarded or data-dependent store, a let-bound index, a non-affine
 map, more reader blocks than writer blocks) keeps the grid sync: the proof may be incomplete,
 never unsound. Where writer and reader have one virtual block each, block 0 runs both, so a
-block barrier suffices whatever the stores' form (a 1-row tail: MMoE's gates and towers). It assumes what every schedule here guarantees: a stage writes each element of
-an output from one block (no split-K across blocks); write-after-read and write-after-write
+block barrier suffices whatever the stores' form (a one-block tail: MMoE's gates and towers).
+Indices are read in int64 throughout (``_i64``): lowering leaves int32 casts the analysis
+cannot see through. It assumes what every schedule here guarantees: a stage writes each element
+of an output from one block (no split-K across blocks); write-after-read and write-after-write
 between stages always get a grid sync (``kernel.stitch``).
 """
 
@@ -103,8 +105,6 @@ def _accesses(body, buf) -> tuple[list[_Access], list[_Access]]:
 
 
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
-
-
 _INDEX = ("int32", "int64")
 
 
@@ -146,6 +146,16 @@ def _wide_loops(loops: dict) -> tuple[dict, dict]:
             for v, r in loops.items()}, names
 
 
+def _bounded(access: _Access) -> tuple[dict, list] | None:
+    """An access's loops as intervals and its indices, both in int64; None where an index
+    proves nothing (``_wide_indices``)."""
+    loops, names = _wide_loops(access.loops)
+    indices = _wide_indices(access.indices, names)
+    if indices is None:
+        return None
+    return {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}, indices
+
+
 def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
     """The dense box ``[(base, extent)]`` an unguarded store writes for one vb (and one tid)."""
     if store.guarded:
@@ -178,16 +188,14 @@ def _box(store: _Access, view: StageView, per_thread: bool) -> list | None:
 def _inside(load: _Access, box: list, view: StageView, per_thread: bool) -> bool:
     ana = arith.Analyzer()
     ana.bind(VB, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.blocks, "int64")))
-    loops, names = _wide_loops(load.loops)
-    dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}
-    tid_range = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
+    bounded = _bounded(load)
+    if bounded is None:
+        return False
+    dom, indices = bounded
     if per_thread:
         ana.bind(view.tid, tvm.ir.Range.from_min_extent(tirx.const(0, "int64"), tirx.const(view.threads, "int64")))
     else:
-        dom[view.tid] = tid_range
-    indices = _wide_indices(load.indices, names)
-    if indices is None:
-        return False
+        dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
     for idx, (base, ext) in zip(indices, box):
         s = ana.int_set(idx, dom)
         if not (ana.can_prove(s.min_value >= base) and ana.can_prove(s.max_value <= base + ext - 1)):
@@ -260,12 +268,11 @@ def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list 
         if stores or not loads or any(not ld.indices or any("x" in str(i.ty) for i in ld.indices) for ld in loads):
             return None
         for ld in loads:
-            loops, names = _wide_loops(ld.loops)
-            dom = {v: arith.IntervalSet(r.min, r.min + r.extent - 1) for v, r in loops.items()}
-            dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
-            indices = _wide_indices(ld.indices, names)
-            if indices is None:
+            bounded = _bounded(ld)
+            if bounded is None:
                 return None
+            dom, indices = bounded
+            dom[view.tid] = arith.IntervalSet(tirx.const(0, "int64"), tirx.const(view.threads - 1, "int64"))
             sets = [ana.int_set(idx, dom) for idx in indices]
             bounds.append([(s.min_value, s.max_value) for s in sets])
     box = []

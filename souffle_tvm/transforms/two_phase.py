@@ -54,7 +54,11 @@ class Candidate:
     elem_bytes: int
     partial_bytes: int
     partials: int
-    lanes: int = 1
+
+    @property
+    def lanes(self) -> int:
+        """Threads a tile row in the first phase (``partial_lanes``)."""
+        return partial_lanes(self.tile)
 
 
 LANE_COLUMNS = 16     # the fewest columns a lane reduces: its partials stay well below the tile's bytes
@@ -271,8 +275,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                 form, e = None, f"its rows of {K} are not two or more {cols}-column GEMM tiles"
             elif judge is not None:
                 why = judge(Candidate(names[op], form, math.prod(spatial), K, tile, _elem_bytes(e),
-                                      tir_stats.dtype_bytes(t.dtype), 1 if form in ("sum", "max") else 2,
-                                      partial_lanes(tile)))
+                                      tir_stats.dtype_bytes(t.dtype), 1 if form in ("sum", "max") else 2))
                 if why is not None:
                     form, e = None, why
         if form is None:
