@@ -234,15 +234,24 @@ def test_one_virtual_block_each_needs_a_block_barrier_whatever_the_stores():
     assert need(reads(c(1023) - TID), guarded, blocks=2) == GRID     # block 1 has no writer
     wide = view(tirx.IfThenElse(TID < c(8), store(TID * c(3)), None), blocks=2)
     assert need(reads(c(1023) - TID), wide, blocks=1) == GRID        # block 1 wrote some of it
-    # the channel of a one-block writer holds the whole buffer, corner 0, where its stores are
-    # unguarded and every stage spans the kernel's 64 threads (TVM's ThreadSync cannot put a
-    # barrier under an ``if``)
+    # the channel of a one-block writer holds the whole buffer, corner 0, where every stage spans
+    # the kernel's 64 threads and touches it under an ``if`` in one statement at most (TVM's
+    # ThreadSync cannot put a barrier under an ``if``: two statements, or one in a loop, might need one)
     plain = view(store(TID * c(3)), blocks=1)
     reader = (view(reads(c(1023) - TID), blocks=1), B)
-    box = d.covering_box(plain, B, [reader], block=64)
-    assert [(int(base), int(ext)) for base, ext in box] == [(0, 1024)]
-    assert d.covering_box(guarded, B, [reader], block=64) is None
+    for writer in (plain, guarded):
+        box = d.covering_box(writer, B, [reader], block=64)
+        assert [(int(base), int(ext)) for base, ext in box] == [(0, 1024)]
     assert d.covering_box(plain, B, [reader], block=128) is None
+    j = tirx.Var("j", I64)
+    twice = view(tirx.IfThenElse(TID < c(8), tirx.SeqStmt([store(TID * c(3)), store(TID * c(3) + c(1))]), None),
+                 blocks=1)
+    looped = view(tirx.IfThenElse(TID < c(8), tirx.For(j, c(0), c(3), tirx.ForKind.SERIAL, store(TID * c(3) + j)),
+                                  None), blocks=1)
+    for writer in (twice, looped):
+        assert d.covering_box(writer, B, [reader], block=64) is None
+    other = tirx.SeqStmt([store(TID * c(3)), store(TID, one(), OUT)])      # one statement on B, one on OUT
+    assert d.covering_box(view(tirx.IfThenElse(TID < c(8), other, None), blocks=1), B, [reader], block=64)
 
 
 def test_atomic_updates_prove_no_ownership():

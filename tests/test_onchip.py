@@ -207,20 +207,15 @@ def test_a_stitched_kernel_whose_outputs_but_one_stay_on_chip_is_called_for_that
             assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
 
 
-_LSTM_B2 = ("the zoo's small LSTM runs batch 2: its GEMMs are not ColumnReduction, so joint tiling leaves "
-            "the cell update on other blocks, and its one-block stages store under `if tid < 32`; a "
-            "whole-buffer channel there (allowed for a writer that does not read it) stops its time steps "
-            "rolling into a loop (tests/test_rolling.py). At batch 1, the full model's form, the gates and c "
-            "are on chip (tests/test_joint_tiles.py)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=_LSTM_B2)])
-                                  if n == "lstm" else n for n in zoo_but_slow("swin")])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "lstm" else n
+                                  for n in zoo_but_slow("swin")])
 def test_every_small_model_keeps_an_intermediate_of_a_stitched_kernel_on_chip(name, v3_builds):
     """Issue 30's bar, at ``--level v3``: each small zoo model has a stitched kernel in which a
     tensor between two stages lives in shared memory (a channel), not global memory. ResNeXt's
     1x1 convolutions got there once the proof saw through their int32 index casts, MMoE's gates
-    and towers once one-block stages were proved block-local (``dependence``)."""
+    and towers once one-block stages were proved block-local (``dependence``), the batch-2 LSTM's
+    cell state c once a channel could sit under a one-statement ``if tid < 32`` and rolled loops
+    stacked channels in shared memory (``kernel.onchip_key``)."""
     _, souffle = v3_builds(name)
     held = [k for k in souffle.stitched if k.onchip_bytes > 0]
     assert held, [(k.name, k.grid_syncs) for k in souffle.stitched]

@@ -99,7 +99,7 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
         resident = views[w].blocks <= grid
         if not local or (not resident and (dual or any(seg[r] != seg[w] for r in local))):
             continue
-        box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local], block)
+        box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local], block, dual)
         if box is not None:
             shape = [int(e) for _, e in box]
             channels.append(Channel(k, w, local, box, tirx.decl_buffer(shape, str(buf.ty.dtype), f"{buf.name}_onchip",

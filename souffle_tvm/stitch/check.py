@@ -11,7 +11,7 @@ from tvm import tirx
 from . import dependence
 from .kernel_ir import (BARRIERS, accesses, calls_to, flat_stages, fused_parts, is_fused, is_grid_sync, is_prefetch,
                         launch_var, launch_vars, op_name, stage_loops, stage_view)
-from .rolling import unroll
+from .rolling import unroll, unstack
 from ..core.ir_names import STAGE_BLOCKS
 
 
@@ -46,7 +46,7 @@ def check(func: tirx.PrimFunc, grid: int, max_coresident: int | None) -> SafetyR
        that depends on the thread or block index (some threads would never arrive);
     3. the grid fits the co-resident limit (when it is known).
     """
-    func = unroll(func)       # a rolled loop is checked as the statements it executes
+    func = unstack(unroll(func))    # a rolled loop is checked as the statements it executes
     problems = []
     bid, launched = launch_var(func, "blockIdx.x")
     tid, _ = launch_var(func, "threadIdx.x")

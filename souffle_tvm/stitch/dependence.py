@@ -222,7 +222,8 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
     return BLOCK if writer.blocks == reader.blocks == 1 else GRID
 
 
-def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]], block: int = 0) -> list | None:
+def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]], block: int = 0,
+                 dual: bool = False) -> list | None:
     """One box ``[(base, extent)]`` per virtual block of ``writer`` holding every access the
     writer makes to ``buf`` and every load of each reader (``(view, its name for buf)``), with
     constant extents; None if no store's box does (or an access is not a plain scalar one).
@@ -236,11 +237,12 @@ def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]
         accesses += [(a, view) for a in _accesses(view.body, rbuf)[1]]
     if not stores or any(not a.indices or any("x" in str(i.ty) for i in a.indices) for a, _ in accesses):
         return None       # atomics (no indices) or vector accesses: not rebased here
-    # the one block holds it all; only where its stores are unguarded and every stage spans the
-    # block's threads: under an ``if`` (a guard, or ``tid < n`` around a narrower stage) TVM's
-    # ThreadSync cannot put the barrier a shared buffer written and read there would need
-    if (writer.blocks == 1 and not any(s.guarded for s in stores)
-            and all(v.threads == block for v in [writer] + [v for v, _ in readers])
+    # the one block holds it all, where every stage spans the block's threads and touches the
+    # tensor under no ``if`` (a guard, ``tid < n`` around a narrower stage) in more than one
+    # statement: TVM's ThreadSync cannot put a barrier inside a condition
+    views = [(writer, buf)] + readers
+    if (writer.blocks == 1 and all(v.threads == block and guards_one_statement(v.body, b, dual and v is writer)
+                                   for v, b in views)
             and all(isinstance(d, tirx.IntImm) for d in buf.shape)):
         return [(tirx.const(0, "int64"), int(d)) for d in buf.shape]
     for s in stores:
@@ -250,6 +252,56 @@ def covering_box(writer: StageView, buf, readers: list[tuple[StageView, object]]
         if all(_inside(a, box, view, False) for a, view in accesses):
             return box
     return None
+
+
+def guards_one_statement(body, buf, dual: bool = False) -> bool:
+    """Does every ``if`` of ``body`` that touches ``buf`` do so in one statement, outside any loop
+    of its own? Then ThreadSync never needs a barrier on ``buf`` inside the condition (it orders
+    statements, and its loop-carried check is what a loop would add), which it cannot insert
+    ("Cannot insert syncs inside condition"): the barriers a shared ``buf`` needs go between
+    stages, where the stitcher puts them. ``dual``: ``body`` writes the channel and the global
+    tensor both (``channel.rebase``), so a store there is taken as two statements."""
+    ok = True
+
+    def touching(stmt) -> int:
+        """How many leaf statements of ``stmt`` touch ``buf`` (-1: one inside a loop)."""
+        count, looped = 0, False
+
+        def leaf(node, in_loop):
+            nonlocal count, looped
+            if isinstance(node, tirx.SeqStmt):
+                for x in node.seq:
+                    leaf(x, in_loop)
+            elif isinstance(node, tirx.For):
+                leaf(node.body, True)
+            elif isinstance(node, tirx.IfThenElse):
+                leaf(node.then_case, in_loop)
+                if node.else_case is not None:
+                    leaf(node.else_case, in_loop)
+            elif isinstance(node, tirx.AttrStmt):
+                leaf(node.body, in_loop)
+            elif uses_buffer(node, buf):
+                count += 2 if dual and isinstance(node, tirx.BufferStore) and node.buffer.same_as(buf) else 1
+                looped = looped or in_loop
+        leaf(stmt, False)
+        return -1 if looped else count
+
+    def visit(node):
+        nonlocal ok
+        if isinstance(node, tirx.IfThenElse) and ok:
+            branches = [node.then_case] + ([node.else_case] if node.else_case is not None else [])
+            ok = all(touching(b) in (0, 1) for b in branches)
+
+    tvm_ffi.structural_walk(body, (tirx.IfThenElse, visit))
+    return ok
+
+
+def uses_buffer(node, buf) -> bool:
+    """Does ``node`` load or store ``buf``?"""
+    found = []
+    tvm_ffi.structural_walk(node, [(tvm.ir.TensorLoad, lambda x: found.append(1) if x.source.same_as(buf) else None),
+                                   (tirx.BufferStore, lambda s: found.append(1) if s.buffer.same_as(buf) else None)])
+    return bool(found)
 
 
 def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list | None:

@@ -37,6 +37,7 @@ class Stitched(NamedTuple):
     channels: list                 # the tensors kept on chip (``channel.Channel``)
     order: list[int]               # per stage in kernel order: its index in ``stages`` as given
     residents: list                # the inputs each block keeps a copy of (``resident.Resident``)
+    onchip_stacks: list            # ``rolling.Stack``s in shared memory: a rolled run's channels, one per slot
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
@@ -83,6 +84,10 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
                                            sum(tir_stats.buffer_bytes(b) for b in copies), block)
                               if private is not None else ([], [], views))
     gone = {ch.key for ch in channels if not ch.dual}
+    # a resident channel's copies, one per iteration of a repeated run, stack like global tensors
+    # (an LSTM's cell state c, step after step on one block): rolling sees their buffers as keys
+    onchip = {onchip_key(ch): ch for ch in channels if ch.resident}
+    onchip_of = [{ch.key: k for k, ch in onchip.items() if j in [ch.writer] + ch.readers} for j in range(len(stages))]
     resident_reads = [any(ch.resident and i in ch.readers for ch in channels) or any(i in r.readers for r in residents)
                       for i in range(len(stages))]
     syncs = [need == dependence.GRID for need in needs]
@@ -106,21 +111,29 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
             loop = _fused(it, stages[i:last + 1], pres[i + 1:last + 1], parts,
                           [ch.buffer for ch in channels if not ch.resident and i <= ch.writer <= last], grid, bid)
         items.append((pres[i], loop))
-        kept = [(k, w) for j in range(i, last + 1) for k, w in zip(args[j], access[j][1]) if k not in gone]
+        kept = [(key, w) for j in range(i, last + 1) for k, w in zip(args[j], access[j][1])
+                for key in ([k] if k not in gone else []) + ([onchip_of[j][k]] if k in onchip_of[j] else [])]
         item_keys.append([k for k, _ in kept])
         item_writes.append([w for _, w in kept])
         i = last + 1
     keys = [k for k in (param_keys if param_keys is not None else param_of) if k not in gone]
     params = [param_of[k] for k in keys]
     stacks: list = []
+    onchip_stacks: list = []
     if stackable is not None:
-        seq, stacks = rolling.roll(items, item_keys, item_writes, param_of, stackable)
+        seq, stacks = rolling.roll(items, item_keys, item_writes, {**param_of, **{k: ch.buffer for k, ch in onchip.items()}},
+                                   lambda k: k in onchip or stackable(k))
         stacked = rolling.stacked_keys(stacks)
+        onchip_stacks = [s for s in stacks if any(k in onchip for k in s.keys)]
+        stacks = [s for s in stacks if s not in onchip_stacks]
         params = [param_of[k] for k in keys if k not in stacked] + [s.var for s in stacks]
+        onchip = {k: b for k, b in onchip.items() if k not in stacked}
     else:
         seq = [x for pre, stage in items for x in ((pre, stage) if pre is not None else (stage,))]
-    # resident channels and inputs' copies: one per block for the whole kernel, across its grid syncs
-    seq = [tirx.AllocBuffer(b) for b in [ch.buffer for ch in channels if ch.resident] + copies] + seq
+    # resident channels (or their stacks) and inputs' copies: one per block for the whole kernel,
+    # across its grid syncs
+    alive = [ch.buffer for k, ch in onchip.items()]
+    seq = [tirx.AllocBuffer(b) for b in alive + [s.var for s in onchip_stacks] + copies] + seq
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),
@@ -133,7 +146,13 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if min_blocks:
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
-    return Stitched(func, syncs, stacks, channels, order, residents)
+    return Stitched(func, syncs, stacks, channels, order, residents, onchip_stacks)
+
+
+def onchip_key(ch: channel.Channel) -> Hashable:
+    """The key a channel's buffer goes by when runs are rolled: the tensor's own, unless the
+    tensor also stays a parameter (a ``dual`` channel's writer stores both)."""
+    return ("onchip", ch.key) if ch.dual else ch.key
 
 
 def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:

@@ -15,7 +15,7 @@ from tvm import relax
 
 from . import lower, resident, rolling
 from .check import SafetyReport, check
-from .kernel import stitch
+from .kernel import onchip_key, stitch
 from ..codegen.emit import is_group_call
 from ..core import tir_stats
 from ..core.geometry import STITCH_BLOCK
@@ -240,7 +240,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
             leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
     private = lambda k: isinstance(k, Produced) and k not in leaves  # noqa: E731 - made here, read nowhere after
-    func, syncs, stacks, channels, order, residents = stitch(
+    func, syncs, stacks, channels, order, residents, onchip_stacks = stitch(
         stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args], grid, block, name=name,
         target=target, param_keys=keys, stackable=private, min_blocks=min_blocks,
         private=private if onchip else None)
@@ -277,9 +277,16 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           block=block, stage_funcs={ident.function: stage_funcs[ident.function] for ident in ids
                                                     if ident.function in stage_funcs},
                           onchip=_onchip_positions(channels, residents, order, args),
-                          onchip_bytes=sum(ch.bytes for ch in channels),
+                          onchip_bytes=_onchip_bytes(channels, onchip_stacks),
                           resident_bytes=sum(tir_stats.buffer_bytes(b) for b in resident.copies(residents)),
                           resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args))
+
+
+def _onchip_bytes(channels: list, onchip_stacks: list) -> int:
+    """The shared memory a block's channels take: a stacked channel's stack counted once."""
+    stacked = rolling.stacked_keys(onchip_stacks)
+    return sum(ch.bytes for ch in channels if onchip_key(ch) not in stacked) + \
+        sum(tir_stats.buffer_bytes(st.var) for st in onchip_stacks)
 
 
 def _filled(residents: list, order: list[int], args: list[list]) -> list[dict[int, int]]:

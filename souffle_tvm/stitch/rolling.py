@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import tvm
+import tvm.sym as arith
 import tvm_ffi
 from tvm import s_tir, tirx
 
@@ -260,7 +261,7 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
         if any([int(d) for d in var_of[k].ty.shape] != shape[1:] or str(var_of[k].ty.dtype) != str(proto.ty.dtype)
                for k in per_it.values()):
             return None
-        var = tirx.decl_buffer(shape, str(proto.ty.dtype), f"{proto.name}_stack")
+        var = tirx.decl_buffer(shape, str(proto.ty.dtype), f"{proto.name}_stack", scope=str(proto.ty.storage_scope) or "global")
         stacks.append(Stack(var, [per_it.get(it) for it in range(count)]))
         slot_table.update({k: (var, it) for it, k in per_it.items()})
     t = tirx.Var("step", "int64")
@@ -311,6 +312,54 @@ def unroll(func: tirx.PrimFunc, fresh: bool = False) -> tirx.PrimFunc:
                 copy = s_tir.renew_defs(tirx.PrimFunc([], copy)).body
             out += list(copy.seq) if isinstance(copy, tirx.SeqStmt) else [copy]
     return replace_stages(func, out)
+
+
+def unstack(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (unrolled) with each buffer whose every access names a constant slot (first index)
+    split into one buffer per slot, for checks that reason per buffer: slots are disjoint
+    memory, so a stack's slots stand apart the way the tensors rolling stacked did (step t+1's h
+    is written while the blocks of step t may still read step t's). A parameter's slots become
+    parameters, an allocation's slots allocations."""
+    seen: dict = {}          # buffer -> its slots, or None once an access is not constant
+    ana = arith.Analyzer()
+
+    def slot(indices) -> int | None:
+        first = ana.simplify(indices[0]) if len(indices) > 1 else None
+        return int(first.value) if isinstance(first, tirx.IntImm) else None
+
+    def note(buf, indices):
+        k = slot(indices)
+        ok = k is not None and seen.get(buf, ()) is not None
+        seen[buf] = (seen.get(buf) or set()) | {k} if ok else None
+
+    tvm_ffi.structural_walk(func.body, [(tvm.ir.TensorLoad, lambda x: note(x.source, list(x.indices))),
+                                        (tirx.BufferStore, lambda x: note(x.buffer, list(x.indices)))])
+    kernel_wide = list(func.params) + [st.buffer for st in stage_loops(func) if isinstance(st, tirx.AllocBuffer)]
+    slots = {b: {k: tirx.decl_buffer(list(b.ty.shape)[1:], str(b.ty.dtype), f"{b.name}_{k}",
+                                     scope=str(b.ty.storage_scope) or "global") for k in sorted(ks)}
+             for b, ks in seen.items() if ks and any(b.same_as(x) for x in kernel_wide)}
+    if not slots:
+        return func
+
+    def load(x):
+        hit = slots.get(x.source)
+        return x if hit is None else tirx.BufferLoad(hit[slot(list(x.indices))], list(x.indices)[1:])
+
+    def store(x):
+        hit = slots.get(x.buffer)
+        return x if hit is None else tirx.BufferStore(hit[slot(list(x.indices))], x.value, list(x.indices)[1:])
+
+    seq = []
+    for stmt in stage_loops(func):
+        if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in slots:
+            seq += [tirx.AllocBuffer(b) for b in slots[stmt.buffer].values()]
+        else:
+            seq.append(tvm_ffi.structural_map(stmt, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store)]))
+    out = replace_stages(func, seq)
+    if uses(out.body, list(slots)):       # reached other than by loads and stores: left whole
+        return func
+    params = [b for p in func.params for b in (slots[p].values() if p in slots else [p])]
+    return tirx.PrimFunc(params, out.body, attrs=func.attrs)
 
 
 def repeats(signatures: list, reads: list[list], min_trips: int = MIN_TRIPS,
