@@ -78,19 +78,21 @@ def test_the_transform_decides_from_the_predicate_it_is_handed():
     assert all("not scheduled in tiles a partial can share" in why for why in res.kept.values())
     assert two_phase(prog, lambda gemm: (64, 64)).split
     # the partials take the tile they are handed: 32 rows per block, 4 tiles of 64 columns a
-    # row, each row of a tile shared by 4 lanes (128 of the block's 256 threads: a lane's 16
-    # columns are the fewest, LANE_COLUMNS), so 16 partials a row
+    # row, each row of a tile shared by 8 lanes (the block's 256 threads over its 32 rows), whose
+    # sums meet on chip: 4 partials a row, one a tile
     res = two_phase(prog, lambda gemm: (32, 64))
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
     assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"]),
-             int(t.op.attrs["souffle_partial_lanes"])) for t in partials} == {(32, 64, 4)}
-    assert all([int(d) for d in t.shape] == [1, 128, 16] for t in partials)
+             int(t.op.attrs["souffle_partial_lanes"])) for t in partials} == {(32, 64, 8)}
+    assert all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
 
 
-@pytest.mark.parametrize("tile,lanes", [((64, 128), 4), ((32, 64), 4), ((64, 64), 4), ((16, 16), 1),
-                                        ((128, 128), 2), ((16, 256), 16), ((256, 64), 1)])
+@pytest.mark.parametrize("tile,lanes", [((64, 128), 4), ((32, 64), 8), ((64, 64), 4), ((16, 16), 1),
+                                        ((128, 128), 2), ((16, 256), 16), ((256, 64), 1), ((64, 8), 1),
+                                        ((48, 64), 1)])
 def test_the_lanes_of_a_tile_row(tile, lanes):
-    """As many threads a row as the block has for the tile's rows, each reducing at least 16 columns."""
+    """The block's threads over the tile's rows, each lane reducing at least 4 columns; else one
+    thread a row (the lanes' sums meet behind a barrier: a stage that fills the block)."""
     assert partial_lanes(tile) == lanes
 
 
@@ -301,7 +303,7 @@ def test_fp16_reductions_split_in_the_tensor_core_tiles():
     res = two_phase(prog, gemm_tile)
     assert res.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
     partials = [t for t in res.program.stages() if t.op.tag == "souffle_partial"]
-    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 16] for t in partials)
+    assert len(partials) == 2 and all([int(d) for d in t.shape] == [1, 128, 4] for t in partials)
     assert {(int(t.op.attrs["souffle_partial_rows"]), int(t.op.attrs["souffle_partial_tile"])) for t in partials} \
         == {(32, 64)}
 
@@ -319,7 +321,8 @@ def test_fp16_partials_are_block_local_to_the_tensor_core_gemm(fp16_stitched):
     assert k.safety.ok and k.grid_syncs >= 1
     if form == "deterministic":
         assert s.two_phase.split == {"T_add_sum": "sum", "T_add_var_sum": "sum-sq"}
-        # the tile on chip | tensor-core GEMM | block barrier | both partials | grid sync | combine + normalise
+        # the tile on chip | tensor-core GEMM | block barrier | both partials (one stage, the
+        # lanes' sums meeting in shared memory) | grid sync | combine + normalise
         assert _barriers(s.mod[k.name]) == ["onchip", "stage", "block", "stage", "grid", "stage"]
     else:
         assert s.two_phase.split == {"T_add_sum": "sum (atomic)", "T_add_var_sum": "sum-sq (atomic)"}
@@ -344,13 +347,13 @@ def test_fp16_two_phase_kernel_emulated_matches_without_a_race(fp16_stitched):
 
 @needs_nvcc
 def test_lane_partials_build_with_nvcc_without_spills():
-    """The fp16 tensor-core GEMM's 32 x 64 tiles: 4 lanes a tile row (128 threads of the partial
-    stage), ptxas-clean and co-resident."""
+    """The fp16 tensor-core GEMM's 32 x 64 tiles: 8 lanes a tile row (the partial stage's 256
+    threads, their sums added in shared memory), ptxas-clean and co-resident."""
     c = compile_model(gemm_then("layernorm", dtype="float16"), "cuda", "souffle", level="v3", dtype="float16")
     (k,) = [k for k in c.report.kernels if k.cooperative]
     assert k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
     partial = next(st for name, st in zip(k.stages, k.stage_plan) if name.endswith("_partial"))
-    assert partial["threads"] == 32 * 4
+    assert partial["threads"] == 32 * 8
 
 
 # -- the latency model's verdict ------------------------------------------------------------------

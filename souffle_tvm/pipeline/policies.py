@@ -234,7 +234,8 @@ def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
 
     Both forms have the grid sync after the GEMM (before the combine, or before the row
     reduction), so they differ in two stages: split, the partials run in the GEMM's blocks
-    (one tile each, ``lanes`` threads a tile row, a partial each) and a combine reduces them,
+    (one tile each, ``lanes`` threads a tile row, their sums added on chip: a partial a tile
+    row) and a combine reduces them,
     a row per block; whole, one row reduction per block reads the rows. Both run on a stitched
     kernel's resident blocks (256 threads, grid-stride). The split's first stage is priced as
     if it read the tile from global memory (an upper bound: stitched with its GEMM it reads the
@@ -242,7 +243,7 @@ def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
     gpu = gpu or hardware.for_arch(str(make_target("cuda").attrs["arch"]))
     c = candidate
     tile_rows, tiles_a_row = c.tile[0], c.length // c.tile[1]
-    parts = tiles_a_row * c.lanes
+    parts = tiles_a_row
     row_bytes = c.rows * c.length * c.elem_bytes
     partial_bytes = c.partials * c.rows * parts * c.partial_bytes
     whole = [latency.Stage(c.rows, STITCH_BLOCK, row_bytes + c.rows * c.partial_bytes, c.partials * c.rows * c.length)]

@@ -6,10 +6,10 @@ reduces each ``cols``-wide slice of a row — exactly the slice one GEMM thread 
 (its ``rows x cols`` output tile, which the GEMM's rule sizes to the grid), so the
 stitcher can prove it block-local and drop the grid sync in between — into a partial buffer
 ``P[..., q]``; after one grid sync, the second phase combines
-the partials of a row. A tile's row is shared by ``lanes`` threads (``partial_lanes``: the
-block's threads over the tile's rows), each reducing every ``lanes``-th column of it into a
-partial of its own, so the whole block works on the tile and the lanes' partials are added in
-the combine: ``P[..., j * lanes + l]`` reduces columns ``j * cols + l + lanes * i``.
+the partials of a row, one per tile: ``P[..., j]`` reduces columns ``j * cols .. j * cols + cols - 1``.
+A tile's row is shared by ``lanes`` threads (``partial_lanes``: the block's threads over the
+tile's rows, ``LANES_ATTR``), each reducing every ``lanes``-th column of it; the schedule
+(``PartialRows``) adds the lanes' sums in shared memory, so only ``P`` leaves the chip.
 Deterministic (a fixed combine order), and exact in real arithmetic:
 
 * ``sum``/``max`` of an expression of the row element: partial sums/maxima, combined the same way;
@@ -61,17 +61,18 @@ class Candidate:
         return partial_lanes(self.tile)
 
 
-LANE_COLUMNS = 16     # the fewest columns a lane reduces: its partials stay well below the tile's bytes
+LANE_COLUMNS = 4      # the fewest columns a lane reduces: fewer, and the lanes' sum in shared memory costs more than it shares
 
 
 def partial_lanes(tile: tuple[int, int], threads: int = STITCH_BLOCK) -> int:
-    """How many threads share a row of a ``(rows, cols)`` GEMM tile in its first phase: the most
-    whose ``rows x lanes`` fit a block of ``threads`` and that divide the tile's columns into
-    runs of at least ``LANE_COLUMNS`` (each lane's partial leaves the chip: a 64 x 128 fp16 tile
-    sends 2 x 4 B per 32 elements, an eighth of its own bytes)."""
+    """How many threads share a row of a ``(rows, cols)`` GEMM tile in its first phase: the
+    block's threads over the tile's rows, where they divide the tile's columns into runs of at
+    least ``LANE_COLUMNS``; else 1. Lanes fill the block exactly: their sums meet in shared
+    memory behind a ``__syncthreads``, which a stage narrower than the stitched block may not
+    hold (``stitch.lower.why_not_stitchable``)."""
     rows, cols = tile
-    return max(d for d in range(1, max(1, threads // rows) + 1)
-               if cols % d == 0 and (d == 1 or cols // d >= LANE_COLUMNS))
+    lanes = threads // rows if rows <= threads and threads % rows == 0 else 1
+    return lanes if lanes > 1 and cols % lanes == 0 and cols // lanes >= LANE_COLUMNS else 1
 
 
 Judge = Callable[[Candidate], "str | None"]     # None: split it; else why not
@@ -242,17 +243,17 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         return partials[kind, key_expr]
 
     def partial(kind: str, e_of, shape, name: str, key_expr, tile, lanes: int, extra=None):
-        """P[..., j*lanes + l] = reduce_{i < cols/lanes} of the row element at k = j*cols + l + lanes*i."""
+        """P[..., j] = reduce_{kk < cols} of the row element at k = j*cols + kk: tile j's slice of
+        the row (``PartialRows`` gives it ``lanes`` threads, lane l the columns l + lanes*i, and
+        adds the lanes' partials on chip)."""
         if (kind, key_expr) in partials:
             return partials[kind, key_expr]
         rows, cols = tile
 
         def f(*idx):
-            kk = te.reduce_axis((0, cols // lanes), name="kk")
+            kk = te.reduce_axis((0, cols), name="kk")
             q = idx[-1]
-            c = lambda v: tirx.const(v, str(q.ty))      # noqa: E731
-            kidx = (tirx.floordiv(q, c(lanes)) * c(cols) + tirx.floormod(q, c(lanes)) + kk.var * c(lanes)
-                    if lanes > 1 else q * c(cols) + kk.var)
+            kidx = q * tirx.const(cols, str(q.ty)) + kk.var
             value = e_of(list(idx[:-1]), kidx)
             if extra is not None:
                 value = extra(list(idx), value)
@@ -288,7 +289,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         k = op.reduce_axis[0].var
         dtype = str(t.dtype)
         lanes = partial_lanes(tile)
-        shape = spatial + [K // cols * lanes]
+        shape = spatial + [K // cols]
 
         def e_of(sp, kidx, e=e, axes=axes, k=k):
             vmap = {a: te_rewrite.cast_like(s, a) for a, s in zip(axes, sp)}
@@ -301,7 +302,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         # the display name ("T_add_sum#1") keys the record; the new stages' names reach the
         # generated code as buffer names, so they are C identifiers ("T_add_sum_1_partial")
         shown, base = names[op], names[op].replace("#", "_")
-        T = tirx.const(float(cols // lanes), dtype)        # the elements of one partial
+        T = tirx.const(float(cols), dtype)        # the elements of one partial
         key = _canonical(e, axes, k)
         if atomic and dtype == "float32" and form in ("sum", "sum-sq"):
             s1 = atomic_sum(e_of, spatial, K, f"{base}_atomic_sum", key, tile)
@@ -336,7 +337,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
             reducer = te.sum
 
         # the combine knows its GEMM's tile: its consumer can be laid out like the GEMM (TiledCombine)
-        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols * lanes), name=f"{base}_combine",
+        new_of[op] = [te.compute(spatial, _combine_fn(combine, reducer, K // cols), name=f"{base}_combine",
                                  attrs={COMBINE_TILE_ATTR: rows * 65536 + cols})]
         result.split[shown] = form
     if not result.split:
