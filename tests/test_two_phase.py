@@ -89,7 +89,7 @@ def test_the_transform_decides_from_the_predicate_it_is_handed():
 
 @pytest.mark.parametrize("tile,lanes", [((64, 128), 4), ((32, 64), 8), ((64, 64), 4), ((16, 16), 1),
                                         ((128, 128), 2), ((16, 256), 16), ((256, 64), 1), ((64, 8), 1),
-                                        ((48, 64), 1)])
+                                        ((48, 64), 1), ((1, 1024), 1)])
 def test_the_lanes_of_a_tile_row(tile, lanes):
     """The block's threads over the tile's rows, each lane reducing at least 4 columns; else one
     thread a row (the lanes' sums meet behind a barrier: a stage that fills the block)."""

@@ -71,7 +71,7 @@ def partial_lanes(tile: tuple[int, int], threads: int = STITCH_BLOCK) -> int:
     memory behind a ``__syncthreads``, which a stage narrower than the stitched block may not
     hold (``stitch.lower.why_not_stitchable``)."""
     rows, cols = tile
-    lanes = threads // rows if rows <= threads and threads % rows == 0 else 1
+    lanes = threads // rows if 1 < rows <= threads and threads % rows == 0 else 1
     return lanes if lanes > 1 and cols % lanes == 0 and cols // lanes >= LANE_COLUMNS else 1
 
 

@@ -82,6 +82,10 @@ def _with_lanes(sch: s_tir.Schedule, blocks: list, rows_per_tile: int, lanes: in
             sch.reorder(ri, kl, ki)
         sch.bind(ri, "threadIdx.y")
         sch.bind(kl, "threadIdx.x")
+        # The lanes accumulate in shared memory, so ThreadSync puts a barrier in every step of
+        # their loop. Those barriers also order a later partial's reads of an earlier one (m2 of
+        # s: each lane reads the value every lane of its row stored): summed in registers
+        # instead, the race checker caught that read unordered (tests/test_two_phase.py).
         sch.set_scope(rf, 0, "shared")
         sch.decompose_reduction(rf, ki)
         store = sch.cache_write(wb, 0, "local")
