@@ -261,47 +261,37 @@ def guards_one_statement(body, buf, dual: bool = False) -> bool:
     ("Cannot insert syncs inside condition"): the barriers a shared ``buf`` needs go between
     stages, where the stitcher puts them. ``dual``: ``body`` writes the channel and the global
     tensor both (``channel.rebase``), so a store there is taken as two statements."""
-    ok = True
+    def weight(leaf) -> int:
+        stores, loads = _accesses(leaf, buf)
+        return (2 if dual else 1) if stores else 1 if loads else 0
 
-    def touching(stmt) -> int:
-        """How many leaf statements of ``stmt`` touch ``buf`` (-1: one inside a loop)."""
-        count, looped = 0, False
-
-        def leaf(node, in_loop):
-            nonlocal count, looped
-            if isinstance(node, tirx.SeqStmt):
-                for x in node.seq:
-                    leaf(x, in_loop)
-            elif isinstance(node, tirx.For):
-                leaf(node.body, True)
-            elif isinstance(node, tirx.IfThenElse):
-                leaf(node.then_case, in_loop)
-                if node.else_case is not None:
-                    leaf(node.else_case, in_loop)
-            elif isinstance(node, tirx.AttrStmt):
-                leaf(node.body, in_loop)
-            elif uses_buffer(node, buf):
-                count += 2 if dual and isinstance(node, tirx.BufferStore) and node.buffer.same_as(buf) else 1
-                looped = looped or in_loop
-        leaf(stmt, False)
-        return -1 if looped else count
-
-    def visit(node):
-        nonlocal ok
-        if isinstance(node, tirx.IfThenElse) and ok:
-            branches = [node.then_case] + ([node.else_case] if node.else_case is not None else [])
-            ok = all(touching(b) in (0, 1) for b in branches)
-
-    tvm_ffi.structural_walk(body, (tirx.IfThenElse, visit))
-    return ok
+    ifs: list = []
+    tvm_ffi.structural_walk(body, (tirx.IfThenElse, ifs.append))
+    for node in ifs:
+        for branch in (node.then_case, node.else_case):
+            touching = [(weight(leaf), looped) for leaf, looped in _leaves(branch) if weight(leaf)]
+            if sum(w for w, _ in touching) > 1 or any(looped for _, looped in touching):
+                return False
+    return True
 
 
-def uses_buffer(node, buf) -> bool:
-    """Does ``node`` load or store ``buf``?"""
-    found = []
-    tvm_ffi.structural_walk(node, [(tvm.ir.TensorLoad, lambda x: found.append(1) if x.source.same_as(buf) else None),
-                                   (tirx.BufferStore, lambda s: found.append(1) if s.buffer.same_as(buf) else None)])
-    return bool(found)
+def _leaves(node, looped: bool = False):
+    """The statements of ``node`` below its sequences, loops, conditions and attributes, each
+    with whether a loop of ``node`` encloses it."""
+    if node is None:
+        return
+    if isinstance(node, tirx.SeqStmt):
+        for x in node.seq:
+            yield from _leaves(x, looped)
+    elif isinstance(node, tirx.For):
+        yield from _leaves(node.body, True)
+    elif isinstance(node, tirx.IfThenElse):
+        yield from _leaves(node.then_case, looped)
+        yield from _leaves(node.else_case, looped)
+    elif isinstance(node, tirx.AttrStmt):
+        yield from _leaves(node.body, looped)
+    else:
+        yield node, looped
 
 
 def read_box(readers: list[tuple[StageView, object]], shape: list[int]) -> list | None:

@@ -127,13 +127,13 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         onchip_stacks = [s for s in stacks if any(k in onchip for k in s.keys)]
         stacks = [s for s in stacks if s not in onchip_stacks]
         params = [param_of[k] for k in keys if k not in stacked] + [s.var for s in stacks]
-        onchip = {k: b for k, b in onchip.items() if k not in stacked}
+        onchip = {k: ch for k, ch in onchip.items() if k not in stacked}
     else:
         seq = [x for pre, stage in items for x in ((pre, stage) if pre is not None else (stage,))]
     # resident channels (or their stacks) and inputs' copies: one per block for the whole kernel,
     # across its grid syncs
-    alive = [ch.buffer for k, ch in onchip.items()]
-    seq = [tirx.AllocBuffer(b) for b in alive + [s.var for s in onchip_stacks] + copies] + seq
+    alive = [ch.buffer for ch in onchip.values()] + [s.var for s in onchip_stacks]
+    seq = [tirx.AllocBuffer(b) for b in alive + copies] + seq
     body = tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
     b64, g64 = tirx.const(block, "int64"), tirx.const(grid, "int64")
     body = tirx.AttrStmt(tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), b64), tid, 1, "threadIdx.x"),

@@ -242,7 +242,7 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                                               attrs={TILE_ATTR: tile[1], ROW_TILE_ATTR: tile[0], ATOMIC_ATTR: 1})
         return partials[kind, key_expr]
 
-    def partial(kind: str, e_of, shape, name: str, key_expr, tile, lanes: int, extra=None):
+    def partial(kind: str, e_of, shape, name: str, key_expr, tile, extra=None):
         """P[..., j] = reduce_{kk < cols} of the row element at k = j*cols + kk: tile j's slice of
         the row (``PartialRows`` gives it ``lanes`` threads, lane l the columns l + lanes*i, and
         adds the lanes' partials on chip)."""
@@ -260,7 +260,8 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
             return (te.max if kind == "max" else te.sum)(value, axis=kk)
 
         partials[kind, key_expr] = te.compute(shape, f, name=name, tag=PARTIAL_TAG,
-                                              attrs={TILE_ATTR: cols, ROW_TILE_ATTR: rows, LANES_ATTR: lanes})
+                                              attrs={TILE_ATTR: cols, ROW_TILE_ATTR: rows,
+                                                     LANES_ATTR: partial_lanes(tile)})
         return partials[kind, key_expr]
 
     for t in stages:
@@ -288,7 +289,6 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
         axes = [ax.var for ax in op.axis]
         k = op.reduce_axis[0].var
         dtype = str(t.dtype)
-        lanes = partial_lanes(tile)
         shape = spatial + [K // cols]
 
         def e_of(sp, kidx, e=e, axes=axes, k=k):
@@ -315,12 +315,12 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
             result.split[shown] = form + " (atomic)"
             continue
         if form in ("sum", "max"):
-            p = partial(form, e_of, shape, f"{base}_partial", key, tile, lanes)
+            p = partial(form, e_of, shape, f"{base}_partial", key, tile)
             combine = lambda sp, j, p=p: p(*sp, j)  # noqa: E731
             reducer = te.max if form == "max" else te.sum
         elif form == "sum-sq":
-            s = partial("sum", e_of, shape, f"{base}_partial_sum", key, tile, lanes)
-            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key, tile, lanes,
+            s = partial("sum", e_of, shape, f"{base}_partial_sum", key, tile)
+            m2 = partial("m2", e_of, shape, f"{base}_partial_m2", key, tile,
                          extra=lambda idx, v, s=s: (v - s(*idx) / T) * (v - s(*idx) / T))
 
             def combine(sp, j, s=s, m2=m2, c_of=c_of):
@@ -328,8 +328,8 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
                 return m2(*sp, j) + T * d * d
             reducer = te.sum
         else:   # sum-exp
-            m = partial("max", e_of, shape, f"{base}_partial_max", key, tile, lanes)
-            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key, tile, lanes,
+            m = partial("max", e_of, shape, f"{base}_partial_max", key, tile)
+            es = partial("sum-exp", e_of, shape, f"{base}_partial_expsum", key, tile,
                          extra=lambda idx, v, m=m: tirx.exp(v - m(*idx)))
 
             def combine(sp, j, m=m, es=es, c_of=c_of):
