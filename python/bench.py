@@ -70,7 +70,7 @@ def kernel_rows(report, gpu: hardware.GPU, before: latency.Constants | None) -> 
     the inference's graph ms under ``before`` (None without it)."""
     times, graph_ms = None, None
     if before is not None and report.kernels:
-        p = latency.predict(gpu, before, latency.as_before(predicted.kernels_of(report)), graphs=True)
+        p = latency.predict(gpu, before, predicted.kernels_of(report), graphs=True)
         times, graph_ms = [t.seconds for t in p.kernels], round(p.seconds * 1e3, 4)
     rows = []
     for i, k in enumerate(report.kernels):

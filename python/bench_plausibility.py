@@ -194,8 +194,8 @@ def markdown(result: dict, peaks: Peaks, ks: list[KernelCheck]) -> str:
              f"**These are ESTIMATES of the latency model (souffle_tvm/core/latency.py) for the {peaks.name}, "
              "not measurements**: no GPU ran these kernels. "
              + ("`after`: the fitted constants (`latency.FITTED`); `before`: the model before its latest terms "
-                "(`latency.BEFORE` on `latency.as_before` of the kernels: no L2 or K-chain term, no L1 or "
-                "busiest-block floor), priced in the same run on the same kernels, as built by today's choices "
+                "(`latency.BEFORE`: no sector term, global requests' sectors not priced as L2 traffic; the "
+                "constants fitted without it), priced in the same run on the same kernels, as built by today's choices "
                 "(a build the old model chose could differ). " if before else
                 "This run had no `latency.BEFORE`: only the current model's figures. ")
              + f"Compiled at {'small' if result.get('small') else 'full'} size, TVM {result.get('tvm', '?')}, "

@@ -162,7 +162,7 @@ def validate(gpu, points: list[dict]) -> dict:
                       "sign_right": (meas > 1) == (pred > 1)})
     lomo_err = [abs(r["lomo_error"]) for r in rows]
     all_err = [abs(r["error"]) for r in rows]
-    fixed = {n: getattr(consts, n) for n in ("mem_efficiency", "flop_efficiency", "l2_efficiency")}
+    fixed = {n: getattr(consts, n) for n in ("mem_efficiency", "flop_efficiency", "l2_efficiency", "l1_miss")}
     return {"gpu": gpu.name, "constants": consts.as_dict(), "fixed": fixed, "ranges": latency.RANGES,
             "lomo_constants": {m: c.as_dict() for m, c in lomo.items()},
             "median_abs_error": round(statistics.median(all_err), 3), "max_abs_error": round(max(all_err), 3),

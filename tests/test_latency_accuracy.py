@@ -29,24 +29,32 @@ def test_the_fitted_model_is_within_the_median_bound(points):
     assert got["pairs"] == 38
 
 
-@pytest.mark.xfail(strict=True, reason="the fitted model orders 31 of 38 souffle-vs-TVM pairs as measured (BERT "
-                                       "full and small ResNeXt/LSTM wrong, docs/latency-model.md); the bound is 34")
 def test_the_fitted_model_orders_souffle_and_tvm_as_measured(points):
     got = latency_fit.accuracy(H200, latency.FITTED, points)
-    assert got["signs_right"] >= latency_fit.SIGNS_BOUND, got
+    assert got["signs_right"] >= latency_fit.SIGNS_BOUND and got["within"], got
 
 
-@pytest.mark.parametrize("name,factor", [("warp_gbps", 0.5), ("latency_us", 2.0)])
-def test_perturbed_constants_break_the_median_bound(points, name, factor):
-    """The bound the fit meets is not vacuous: a fitted constant moved by a plausible factor
-    fails it (54% and 31% median error)."""
+def test_the_sector_term_carries_the_order_bound(points):
+    """The fourth form's constants order 31 of 38 pairs; the same constants with uncoalesced sectors
+    priced as L2 traffic, not refitted, order 35 (BERT full's stitched attention of 2026-11-29, a
+    lane per row of the fused QKV buffer, stops looking as fast as TVM's kernels)."""
+    without = latency_fit.accuracy(H200, latency.BEFORE, points)
+    with_term = latency_fit.accuracy(H200, dataclasses.replace(latency.BEFORE, l1_miss=1.0), points)
+    assert without["signs_right"] < latency_fit.SIGNS_BOUND <= with_term["signs_right"], (without, with_term)
+
+
+@pytest.mark.parametrize("name,factor", [("warp_gbps", 0.5), ("warp_gbps", 2.0), ("latency_us", 4.0)])
+def test_perturbed_constants_break_the_bounds(points, name, factor):
+    """The bounds the fit meets are not vacuous: a fitted constant moved by a plausible factor
+    fails them (warp_gbps halved: 32% median error; doubled: 33 of 38 pairs in order; latency_us
+    four times: 39% and 32)."""
     bad = dataclasses.replace(latency.FITTED, **{name: getattr(latency.FITTED, name) * factor})
     got = latency_fit.accuracy(H200, bad, points)
-    assert got["median_abs_error"] > latency_fit.MEDIAN_BOUND and not got["within"], got
+    assert not got["within"], got
 
 
 def test_a_dearer_grid_sync_orders_fewer_pairs_right(points):
-    """The order count responds to the constants: a grid sync priced 4x the fit gets 25 of 38."""
+    """The order count responds to the constants: a grid sync priced 4x the fit gets 28 of 38."""
     fitted = latency_fit.accuracy(H200, latency.FITTED, points)
     bad = latency_fit.accuracy(H200, dataclasses.replace(latency.FITTED, sync_us=4 * latency.FITTED.sync_us), points)
     assert bad["signs_right"] < fitted["signs_right"], (bad, fitted)

@@ -23,6 +23,7 @@ class GPU:
     regs_per_thread_max: int = 255
     reg_alloc_unit: int = 256            # registers, per warp
     smem_per_sm: int = 233472            # bytes usable by blocks (228 KB on sm_80/sm_90)
+    l1_shared_per_sm: int = 256 * 1024   # the L1 data cache and shared memory together (one carve-out)
     smem_per_block_static: int = 49152
     smem_per_block_optin: int = 232448   # 227 KB with cudaFuncSetAttribute
     smem_alloc_unit: int = 128
@@ -45,6 +46,7 @@ class GPU:
 
 GPUS = {
     "a100": GPU("A100-SXM4-80GB", "sm_80", sms=108, smem_per_sm=167936, smem_per_block_optin=166912,
+                l1_shared_per_sm=192 * 1024,
                 dram_bandwidth=2.039e12, fp32_flops=19.5e12, fp16_flops=312e12, l2_bytes=40 * 2**20,
                 clock_hz=1.41e9, l2_bandwidth=7.2e12),
     "h100": GPU("H100-SXM", "sm_90", sms=132, dram_bandwidth=3.35e12, fp32_flops=67e12, fp16_flops=989e12),

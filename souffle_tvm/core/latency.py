@@ -21,6 +21,11 @@ bytes and flops. The terms, each physical:
   shared-memory wavefronts, counted from the kernel's TIR (``core.tir_counts``) or given by the
   rule that tiled it. Register blocking shows here: one output per thread means one shared load
   per FMA, hence many wavefronts.
+* **Coalescing.** A kernel's global requests move between L2 and the SMs a 32-byte sector at a
+  time: the sectors counted from its TIR (``BlockCounts.global_sectors``; 32 a request where
+  every lane reads another row, 4 for coalesced fp32) cross at ``l2_efficiency`` of L2's
+  bandwidth, each active SM its share. ``l1_miss`` (1, not fitted) credits no L1 reuse: an
+  upper bound on that traffic, a lower one where the static count misses requests.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
   times ``flop_efficiency`` (fixed at 0.9, not fitted), lower where an SM has too few warps to
   hide latency.
@@ -40,9 +45,9 @@ bytes and flops. The terms, each physical:
 
 Seven constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
 ``results/latency/`` and docs/latency-model.md), shared by all models and operators. ``BEFORE``
-is the model as it was before the L2 and K-chain terms (the same code with them off). Not
-modelled (said in the docs): L2 residency between kernels, bank conflicts, spills, instruction
-mix inside a tile.
+is the model as it was before the sector term (the same code with it off). Not
+modelled (said in the docs): L1 reuse of a window smaller than the footprint, L2 residency
+between kernels, bank conflicts, spills, instruction mix inside a tile.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Constants:
     latency_us: float = 0.7         # the least one wave takes: dependent loads, arithmetic, stores made visible
     kstep_cycles: float = 400.0     # one unpipelined K step's wait: a global load's round trip and the barrier (0: off)
     l2_efficiency: float = 0.5      # of GPU.l2_bandwidth re-reads sustain (not fitted; 0: no L2 term)
+    l1_miss: float = 1.0            # share of counted global sectors fetched from L2 (not fitted; 0: no sector term)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
@@ -76,24 +82,13 @@ class Constants:
 
 # Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.
-FITTED = Constants(launch_us=8.041, node_us=0.5416, sync_us=1.226, tile_us=0.1, warp_gbps=0.6506, latency_us=0.6809,
-                   kstep_cycles=2000.0)
+FITTED = Constants(launch_us=8.068, node_us=0.7342, sync_us=1.708, tile_us=0.1195, warp_gbps=0.9166, latency_us=0.6982,
+                   kstep_cycles=1927.0)
 
-# The model before the L2 and K-chain terms (fitted 2026-12-01 on the same runs): the same code
-# with both terms off; python/bench.py prices every kernel with both.
-BEFORE = Constants(launch_us=7.983, node_us=0.5357, sync_us=1.157, tile_us=0.1, warp_gbps=0.6149, latency_us=0.6764,
-                   kstep_cycles=0.0, l2_efficiency=0.0)
-
-
-
-def as_before(kernels: list["Kernel"]) -> list["Kernel"]:
-    """``kernels`` as the model before 2026-12-03 saw them (priced with ``BEFORE``): block counts
-    without global sectors (the L1 floor) and without the busiest block's counts."""
-    def strip(k: Kernel) -> Kernel:
-        if k.counts is None:
-            return k
-        return replace(k, counts=replace(k.counts, global_requests=0.0, global_sectors=0.0, busiest=None))
-    return [strip(k) for k in kernels]
+# The model before the sector term (the fourth form, fitted 2026-12-03 on the same runs): the same
+# code with ``l1_miss`` 0; python/bench.py prices every kernel with both.
+BEFORE = Constants(launch_us=8.041, node_us=0.5416, sync_us=1.226, tile_us=0.1, warp_gbps=0.6506, latency_us=0.6809,
+                   kstep_cycles=2000.0, l1_miss=0.0)
 
 
 NAMES = ("launch_us", "node_us", "sync_us", "tile_us", "warp_gbps", "latency_us", "kstep_cycles")
@@ -235,6 +230,29 @@ def block_cycles(gpu: GPU, kernel: "Kernel") -> float:
                                  st[0].elem_bytes)
 
 
+def sector_seconds(gpu: GPU, c: Constants, kernel: "Kernel") -> float:
+    """The kernel's global requests moved between L2 and its SMs a 32-byte sector at a time
+    (``BlockCounts.global_sectors``, every block at least the counted one's): an uncoalesced
+    load (a lane per row) moves eight times a coalesced fp32 load's bytes. Where the kernel's
+    whole footprint fits in the L1 its SMs keep beside their blocks' shared memory, each active
+    SM fetches it at most once and re-reads hit L1; else ``l1_miss`` of the sectors come from L2
+    (1: no L1 reuse credited). They cross at ``l2_efficiency`` of L2's bandwidth, each active SM
+    at most its share of it; 0 without counts or with the term off."""
+    counts = kernel.counts
+    if counts is None or c.l1_miss <= 0 or c.l2_efficiency <= 0 or not counts.global_sectors:
+        return 0.0
+    sectors = counts.global_sectors * kernel.grid
+    if counts.busiest is not None:
+        sectors = max(sectors, counts.busiest.global_sectors)
+    moved = c.l1_miss * sectors * floors.SECTOR_BYTES
+    per_sm, _ = resident_blocks(gpu, kernel)
+    active = min(kernel.grid, gpu.sms)
+    footprint = sum(s.bytes for s in kernel.stages)
+    if footprint <= gpu.l1_shared_per_sm - per_sm * kernel.shared_bytes:
+        moved = min(moved, footprint * active)
+    return moved / (gpu.l2_bandwidth * c.l2_efficiency * active / gpu.sms)
+
+
 def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: bool = False,
                chain_s: float | None = None) -> StageTime:
     """A stage's tiles over ``slots`` resident blocks: full waves, then the remainder; each wave
@@ -279,6 +297,7 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
         seconds = max(seconds, math.ceil(kernel.grid / max(slots, 1)) * chain)
     if counted is not None and counted.busiest is not None:
         seconds = max(seconds, chain_seconds(gpu, c, counted.busiest, cycles))
+    seconds = max(seconds, sector_seconds(gpu, c, kernel))
     by, floor = kernel_floor(gpu, kernel, slots, stages)
     return KernelTime(kernel.name, slots, per_sm, stages, sync, max(seconds, floor), floor, by)
 
