@@ -204,10 +204,16 @@ def stitched_512():
 
     feedback.over_budget = spy
     try:
-        compiled = compile_model(_gemm_softmax(), "cuda", "souffle", level="v3", partitioner="budget")
+        # the fourth form's constants (latency.BEFORE) put this model's stitched GEMM and softmax at
+        # 512 threads; the fifth form's refit keeps 256. These tests are about what ptxas' verdict
+        # does to a resized kernel, not about which constants resize it.
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(latency, "FITTED", latency.BEFORE)
+            compiled = compile_model(_gemm_softmax(), "cuda", "souffle", level="v3", partitioner="budget")
     finally:
         feedback.over_budget = real
     return compiled, rounds
+
 
 
 def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster_unless_ptxas_overrules(stitched_512):
@@ -248,6 +254,7 @@ def test_a_kernel_over_budget_at_its_size_goes_back_to_256_before_a_split(monkey
         return real(report, souffle, arch)
 
     monkeypatch.setattr(feedback, "over_budget", over_budget)
+    monkeypatch.setattr(latency, "FITTED", latency.BEFORE)     # as in stitched_512
     report = compile_model(_gemm_softmax(), "cuda", "souffle", level="v3", partitioner="budget").report
     assert planted, "no kernel took another block size to plant a spill in"
     assert not any(s.get("block") for s in report.subprograms)
