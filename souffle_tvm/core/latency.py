@@ -53,7 +53,7 @@ between kernels, bank conflicts, spills, instruction mix inside a tile.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import floors
 from .hardware import GPU, occupancy
