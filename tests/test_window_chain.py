@@ -174,3 +174,18 @@ def test_one_full_size_mbconv_block_matches_onnxruntime_in_three_block_orders():
         assert report.ok, (order, str(report))
         for cmp in comparisons:
             assert cmp.finite and cmp.rel_l2 < 1e-5, (order, cmp)
+
+
+def test_a_stitched_window_chain_keeps_its_tile():
+    """Level v3 stitches the block's expansion and depthwise convolution into a cooperative kernel
+    that walks its tiles grid-stride. TVM's build must not compact that tile again
+    (``build.compacted_once``): with the halo clipped at the map's borders, the second compaction
+    could not bound it and grew it to the whole map (full-size EfficientNet-B0 at v3: 440 KB of
+    static shared memory, which ptxas refused)."""
+    cfg = efficientnet.EfficientNetConfig(stages=((6, 24, 1, 2, 3),), image=224, stem=16, head=32, classes=10)
+    built = souffle_compile(efficientnet.build(cfg), "cuda", "souffle", level="v3", nvcc=True)
+    stitched = [k for k in built.report.kernels if k.grid_syncs is not None and "WindowChain" in (k.form or "")]
+    assert stitched, [(k.name, k.form) for k in built.report.kernels]
+    for k in stitched:
+        # the tile of 8-16 channels by (2 x 7 + 1)^2 pixels and its neighbours' stages: far under 48 KB
+        assert k.shared_bytes is not None and k.shared_bytes < 48 * 1024, (k.name, k.shared_bytes)

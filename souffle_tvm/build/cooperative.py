@@ -23,6 +23,7 @@ from tvm.backend.cuda.op import cuda_func_call
 
 from ..core.root_block import has_root_block, under_root, with_root_block
 from ..stitch.kernel_ir import has_grid_sync, op_name
+from .compacted_once import compacted_once
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
@@ -116,10 +117,10 @@ def drop_cooperative_guard(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _cooperative_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     return tvm.transform.Sequential([drop_cooperative_guard, dynamic_shared_over_limit, apply_register_caps,
-                                     distinct_param_names, pipeline, attach_cooperative_launch]), host, device
+                                     distinct_param_names, compacted_once(pipeline), attach_cooperative_launch]), host, device
 
 
 # the entry check dropped + shared memory over 48 KB made dynamic + register caps + distinct parameter
-# names + TVM's s_tir pipeline + the cooperative tag
+# names + TVM's s_tir pipeline (stitched kernels compacted once: ``compacted_once``) + the cooperative tag
 COOPERATIVE_TIR_PIPELINE = "souffle_tvm.cooperative"
 tirx.register_tir_pipeline(COOPERATIVE_TIR_PIPELINE, _cooperative_pipeline)

@@ -20,6 +20,7 @@ from tvm import tirx
 from ..core import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
 from ..stitch.lower import launch_form
+from .compacted_once import in_launch_form
 
 STATIC = "shared"
 DYNAMIC = "shared.dyn"
@@ -49,7 +50,7 @@ def static_shared_bytes(func: tirx.PrimFunc, target: tvm.target.Target) -> int:
     the allocations' plain sum: an upper bound."""
     if not _buffers(func.body, STATIC):
         return 0
-    low = func if _is_lowered(func) else launch_form(func, target, "probe")
+    low = func if in_launch_form(func) else launch_form(func, target, "probe")
     try:
         low = _storage_rewritten(low, target)
     except tvm.error.TVMError:
@@ -66,13 +67,6 @@ def _storage_rewritten(low: tirx.PrimFunc, target: tvm.target.Target) -> tirx.Pr
         return tvm.transform.Sequential([
             tirx.transform.FlattenBuffer(), tirx.transform.VectorizeLoop(True), tvm.s_tir.transform.InjectVirtualThread(),
             tvm.s_tir.transform.InjectDoubleBuffer(), tirx.transform.StorageRewrite()])(mod)["probe"]
-
-
-def _is_lowered(func: tirx.PrimFunc) -> bool:
-    """Launch form already (a stitched kernel): no SBlock left to compact."""
-    blocks = []
-    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, blocks.append))
-    return all(b.name_hint == "root" for b in blocks)
 
 
 def _top_level(stmt) -> list:

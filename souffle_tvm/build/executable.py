@@ -6,7 +6,8 @@ The default pipeline is run in two halves so the kernel structure can be read in
 fused module, whose ``main`` calls each PrimFunc; (2) dataflow lowering + finalization,
 given to ``tvm.compile`` as its Relax pipeline; in between, every PrimFunc is put under a root
 block (``core.root_block``: stitched kernels come in launch form, which Relax's passes reject).
-The TIR pipeline is TVM's default s_tir pipeline between our passes: first shared memory over
+The TIR pipeline is TVM's default s_tir pipeline (the stitched kernels without a second
+``CompactBufferAllocation``: ``compacted_once``) between our passes: first shared memory over
 the 48 KB static limit made dynamic (``dynamic_shared``), the stitched kernels' register caps
 (``launch_bounds``) and
 distinct parameter names (so each device kernel's buffers trace back to their parameter
@@ -26,6 +27,7 @@ from tvm import relax, tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 from . import index_guard
+from .compacted_once import compacted_once
 from .cooperative import attach_cooperative_launch
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
@@ -138,7 +140,7 @@ def _recording_pipeline():
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
     # (shared memory over the static limit made dynamic first: the launch form it measures has no caps yet)
     return tvm.transform.Sequential([dynamic_shared_over_limit, apply_register_caps, distinct_param_names,
-                                     remember_param_positions, pipeline,
+                                     remember_param_positions, compacted_once(pipeline),
                                      attach_cooperative_launch, record_device_kernels]), host, device
 
 
