@@ -50,6 +50,20 @@ def test_latency_hiding_bounds_bandwidth():
     assert st.memory_s == pytest.approx(10**8 / (0.7 * 4.8e12))
 
 
+def test_the_l2_residency_bound_streams_at_l2s_rate_and_never_slows():
+    from dataclasses import replace
+    bound = replace(C, l2_resident=True)
+    # the DRAM-bound stage above streams at L2's sustained rate instead: 0.5 x 12 TB/s
+    st = latency.stage_time(H200, bound, latency.Stage(1056, 256, 10**8, 0), slots=1056)
+    assert st.memory_s == pytest.approx(10**8 / (0.5 * H200.l2_bandwidth))
+    # the warps bound the latency-hidden one first: unchanged
+    few = latency.Stage(132, 32, 10**8, 0)
+    assert latency.stage_time(H200, bound, few, 132) == latency.stage_time(H200, C, few, 132)
+    # and the arithmetic's latency hiding still counts the warps it takes to saturate DRAM
+    mixed = latency.Stage(132, 128, 10**6, 10**11)
+    assert latency.stage_time(H200, bound, mixed, 132).compute_s == latency.stage_time(H200, C, mixed, 132).compute_s
+
+
 def test_compute_uses_active_sms_and_tensor_cores():
     flops = 10**12
     # 32 warps per SM hide latency fully (C saturates an SM's DRAM share with 12.7 warps)

@@ -24,8 +24,10 @@ bytes and flops. The terms, each physical:
 * **Coalescing.** A kernel's global requests move between L2 and the SMs a 32-byte sector at a
   time: the sectors counted from its TIR (``BlockCounts.global_sectors``; 32 a request where
   every lane reads another row, 4 for coalesced fp32) cross at ``l2_efficiency`` of L2's
-  bandwidth, each active SM its share. ``l1_miss`` (1, not fitted) credits no L1 reuse: an
-  upper bound on that traffic, a lower one where the static count misses requests.
+  bandwidth, each active SM its share. L1 is credited only where the kernel's whole footprint
+  fits in the L1 beside its blocks' shared memory (each SM then fetches it once); elsewhere
+  ``l1_miss`` (1, not fitted) credits no L1 reuse: an upper bound on that traffic (a window
+  re-read in a row hits L1 and is overpriced), a lower one where the static count misses requests.
 * **Arithmetic** at the active SMs' share of the peak (tensor cores for stages that use them)
   times ``flop_efficiency`` (fixed at 0.9, not fitted), lower where an SM has too few warps to
   hide latency.
@@ -47,7 +49,8 @@ Seven constants, fitted once on every measured GPU run (``python/latency_fit.py`
 ``results/latency/`` and docs/latency-model.md), shared by all models and operators. ``BEFORE``
 is the model as it was before the sector term (the same code with it off). Not
 modelled (said in the docs): L1 reuse of a window smaller than the footprint, L2 residency
-between kernels, bank conflicts, spills, instruction mix inside a tile.
+between kernels (``Constants.l2_resident`` prices its bound instead: every streamed byte at L2's
+rate; ``python/l2_residency.py``), bank conflicts, spills, instruction mix inside a tile.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Constants:
     kstep_cycles: float = 400.0     # one unpipelined K step's wait: a global load's round trip and the barrier (0: off)
     l2_efficiency: float = 0.5      # of GPU.l2_bandwidth re-reads sustain (not fitted; 0: no L2 term)
     l1_miss: float = 1.0            # share of counted global sectors fetched from L2 (not fitted; 0: no sector term)
+    l2_resident: bool = False       # a bound, not a form: every streamed byte at L2's rate (L2 residency between kernels at most)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
@@ -197,6 +201,8 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
     warps = active * math.ceil(stage.threads / gpu.warp_size)
     hiding = warps * c.warp_gbps * 1e9
     streaming = gpu.dram_bandwidth * c.mem_efficiency
+    if c.l2_resident and c.l2_efficiency > 0:
+        streaming = max(streaming, gpu.l2_bandwidth * c.l2_efficiency)
     dram = active * stage.bytes / stage.tiles / min(streaming, hiding)
     rereads = hiding
     if c.l2_efficiency > 0:
