@@ -259,6 +259,22 @@ def test_uncoalesced_sectors_are_priced_as_l2_traffic():
     assert latency.sector_seconds(H200, latency.FITTED, small) == pytest.approx(18 * (64 << 10) / (6e12 * 18 / 132))
 
 
+def test_sectors_counted_before_building_price_a_stage_like_its_kernel():
+    """The partitioner prices stages before their kernels exist (``Stage.sectors``, from the
+    counts of the group built alone): a lane-per-row stage costs what the same kernel with
+    those counts costs; coalesced, an eighth of it; without counted sectors, its bytes alone."""
+    st = latency.Stage(792, 256, 18_284_546, 470_679_552, sectors=4761 * 32)
+    counts = floors.BlockCounts(threads=256, global_requests=4761, global_sectors=4761 * 32)
+    alone = latency.stage_time(H200, latency.FITTED, st, slots=792)
+    kernel = latency.kernel_time(H200, latency.FITTED, latency.Kernel("k", 792, 256, 34, 0,
+                                                                       (dataclasses.replace(st, sectors=0.0),), counts=counts))
+    assert alone.seconds == pytest.approx(792 * 4761 * 32 * 32 / 6e12) == pytest.approx(kernel.seconds)
+    coalesced = latency.stage_time(H200, latency.FITTED, dataclasses.replace(st, sectors=4761 * 4), slots=792)
+    assert coalesced.seconds == pytest.approx(alone.seconds / 8)
+    assert latency.stage_time(H200, latency.FITTED, dataclasses.replace(st, sectors=0.0), 792).seconds < alone.seconds / 10
+    assert latency.stage_time(H200, latency.BEFORE, st, 792).seconds < alone.seconds / 3
+
+
 def test_report_rows_carry_counts_and_floors():
     rows = [{"name": "k", "grid": [208], "block": [512], "registers": 40, "shared_bytes": 8192, "launches": 22,
              "bytes": 3_350_000, "flops": 2 * 196 * 512 * 1024,

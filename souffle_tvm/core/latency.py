@@ -115,6 +115,8 @@ class Stage:
     elem_bytes: int = 4
     shared_wavefronts: float = 0.0   # per tile, where a rule knows it before building (floors)
     k_steps: int = 0                 # per tile: unpipelined K steps, each waiting on a global load
+    sectors: float = 0.0             # per tile: 32-byte sectors its global requests touch, where counted
+                                     # before the kernel exists (the partitioner's; a Kernel's own counts win)
 
     def floor_seconds(self, gpu: GPU, slots: int) -> float:
         """The largest of the stage's static floors (``core.floors``)."""
@@ -245,16 +247,24 @@ def sector_seconds(gpu: GPU, c: Constants, kernel: "Kernel") -> float:
     (1: no L1 reuse credited). They cross at ``l2_efficiency`` of L2's bandwidth, each active SM
     at most its share of it; 0 without counts or with the term off."""
     counts = kernel.counts
-    if counts is None or c.l1_miss <= 0 or c.l2_efficiency <= 0 or not counts.global_sectors:
+    if counts is None or not counts.global_sectors:
         return 0.0
     sectors = counts.global_sectors * kernel.grid
     if counts.busiest is not None:
         sectors = max(sectors, counts.busiest.global_sectors)
-    moved = c.l1_miss * sectors * floors.SECTOR_BYTES
     per_sm, _ = resident_blocks(gpu, kernel)
-    active = min(kernel.grid, gpu.sms)
-    footprint = sum(s.bytes for s in kernel.stages)
-    if footprint <= gpu.l1_shared_per_sm - per_sm * kernel.shared_bytes:
+    return _sectors_seconds(gpu, c, sectors, kernel.grid, sum(s.bytes for s in kernel.stages),
+                            gpu.l1_shared_per_sm - per_sm * kernel.shared_bytes)
+
+
+def _sectors_seconds(gpu: GPU, c: Constants, sectors: float, blocks: int, footprint: int, l1_left: int) -> float:
+    """``sectors`` of ``blocks`` blocks from L2 (``sector_seconds``); ``l1_left``: the L1 an SM
+    keeps beside its blocks' shared memory."""
+    if c.l1_miss <= 0 or c.l2_efficiency <= 0 or sectors <= 0:
+        return 0.0
+    moved = c.l1_miss * sectors * floors.SECTOR_BYTES
+    active = min(blocks, gpu.sms)
+    if footprint <= l1_left:
         moved = min(moved, footprint * active)
     return moved / (gpu.l2_bandwidth * c.l2_efficiency * active / gpu.sms)
 
@@ -281,6 +291,9 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     tail = (slots - rest) / slots if rest else 0.0
     if persistent:
         seconds += (waves - 1) * c.tile_us * 1e-6
+    # sectors counted before the kernel exists (the partitioner's view; a Kernel prices its own)
+    seconds = max(seconds, _sectors_seconds(gpu, c, stage.sectors * stage.tiles, stage.tiles, stage.bytes,
+                                            gpu.l1_shared_per_sm))
     floor = stage.floor_seconds(gpu, slots)
     return StageTime(waves, tail, mem, comp, max(seconds, floor), floor)
 

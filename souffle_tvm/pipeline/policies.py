@@ -349,8 +349,9 @@ def _uncounted(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -
 
 def _counted(stages: list[latency.Stage], func: tirx.PrimFunc, lowered: list, target,
              block: int | None) -> list[latency.Stage]:
-    """``stages`` with what a block of each executes (``core.tir_counts``): its K-loop steps and
-    shared wavefronts, which a small GEMV's time rests on more than its bytes. Counted in the
+    """``stages`` with what a block of each executes (``core.tir_counts``): its K-loop steps,
+    shared wavefronts and global sectors, which a small GEMV's (or a lane-per-row fallback's)
+    time rests on more than its bytes. Counted in the
     form it is built in: as a kernel of its own (``block`` None), or as a stage of a
     ``block``-thread stitched kernel. The two differ: TVM's ThreadSync guards dlight's
     column-reduction K loop with a barrier each step in the first, not in the second (one flat
@@ -360,7 +361,7 @@ def _counted(stages: list[latency.Stage], func: tirx.PrimFunc, lowered: list, ta
     counts = _COUNTS(func, lambda: _counts(func, lowered, target, block), key=(str(target), block))
     if len(counts) != len(stages):
         return stages
-    return [dataclasses.replace(w, k_steps=c.k_steps, shared_wavefronts=c.shared_wavefronts)
+    return [dataclasses.replace(w, k_steps=c.k_steps, shared_wavefronts=c.shared_wavefronts, sectors=c.global_sectors)
             for w, c in zip(stages, counts)]
 
 
