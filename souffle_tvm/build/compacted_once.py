@@ -14,8 +14,8 @@ the same pipeline with that one pass left out; every other function runs it whol
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
-from tvm import tirx
+
+from ..stitch.lower import in_launch_form
 
 RECOMPACTION = "s_tir.CompactBufferAllocation"
 
@@ -24,15 +24,6 @@ RECOMPACTION = "s_tir.CompactBufferAllocation"
 class _SkipRecompaction:
     def should_run(self, mod, info) -> bool:
         return info.name != RECOMPACTION
-
-
-def in_launch_form(func) -> bool:
-    """A stitched kernel: a PrimFunc with no SBlock but its root (``stitch.lower``'s form)."""
-    if not isinstance(func, tirx.PrimFunc):
-        return False
-    blocks: list = []
-    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, blocks.append))
-    return all(b.name_hint == "root" for b in blocks)
 
 
 def compacted_once(pipeline: tvm.transform.Pass) -> tvm.transform.Pass:

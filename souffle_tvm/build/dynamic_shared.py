@@ -19,8 +19,7 @@ from tvm import tirx
 
 from ..core import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
-from ..stitch.lower import launch_form
-from .compacted_once import in_launch_form
+from ..stitch.lower import in_launch_form, launch_form
 
 STATIC = "shared"
 DYNAMIC = "shared.dyn"

@@ -53,6 +53,16 @@ def launch_form(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> ti
         return tvm.transform.Sequential(_prefix_passes())(mod)[name]
 
 
+def in_launch_form(func) -> bool:
+    """Whether ``func`` is a PrimFunc already in launch form (a stitched kernel): no SBlock but
+    its root."""
+    if not isinstance(func, tirx.PrimFunc):
+        return False
+    blocks: list = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append))
+    return all(b.name_hint == "root" for b in blocks)
+
+
 def pin_strides(body: tirx.Stmt) -> tirx.Stmt:
     """Allocations whose ``buffer_dim_align`` annotation restates the strides they have now.
 
