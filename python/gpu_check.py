@@ -223,6 +223,8 @@ def _summary(report, gpu, cubin: str | None, mod=None) -> dict:
     """The build as the GPU run and the latency model see it: per kernel its launch, resources,
     the model's predicted time of one launch (``predicted_us``, committed before the run) and its
     key in the measured-times database (``core.measured``; kernels of one PrimFunc each)."""
+    from dataclasses import asdict
+
     from souffle_tvm.core import latency, measured
     from souffle_tvm.report import predicted
 
@@ -244,6 +246,8 @@ def _summary(report, gpu, cubin: str | None, mod=None) -> dict:
                         # the build's own co-residency check (cooperative kernels only)
                         "predicted_blocks_per_sm": k.max_coresident // gpu.sms if k.max_coresident else None,
                         "predicted_us": round(times[k.name] * 1e6, 3),
+                        # what the model priced it from: a measured time refits the model (latency_fit.py)
+                        "inputs": latency.row_inputs(asdict(k)), "form": k.form,
                         "key": measured.kernel_key(funcs[k.primfunc], ARCH, math.prod(k.grid), math.prod(k.block))
                         if per_func[k.primfunc] == 1 and hasattr(funcs.get(k.primfunc), "body") else None})
     return {"launches": report.launches, "distinct_kernels": report.distinct_kernels,
@@ -863,7 +867,8 @@ def record(args) -> int:
         for k in case["report"]["kernels"]:
             if k.get("key") and k["name"] in busy and counts.get(k["name"]):
                 db.add(k["key"], busy[k["name"]] * 1e3 / counts[k["name"]], gpu=result.get("gpu"),
-                       date=result.get("date"), source=f"{run_case['id']} {k['name']}")
+                       date=result.get("date"), source=f"{run_case['id']} {k['name']}",
+                       **{f: k[f] for f in ("form", "predicted_us", "inputs") if k.get(f) is not None})
                 added += 1
     path = db.save(args.db)
     print(f"{added} kernel times recorded in {path} ({len(db.entries)} in all)")

@@ -9,9 +9,18 @@ syncs differ from the run's trace is left out and listed. Each plan kernel gets 
 case and kernel name (``python/latency_counts.py``: TVM's kernels rebuilt today, matched on grid,
 block and launches; souffle cases under ``"<id>@<commit>"``); without the file, none.
 
+Per-kernel times, where a GPU gave them: each entry of the measured-times database
+(``results/latency/measured.json``, filled by ``python/gpu_check.py record`` from a microbench or
+gpu_check run) that carries the model's inputs of its kernel (``inputs``: the report row's
+``core.latency.ROW_INPUTS``; else found by its key in a committed
+``microbench-predictions-*.json``) is one more point: one launch, predicted by ``kernel_time``.
+
 Fit: least squares on log(predicted / measured), every constant bounded to its physical range
-(``souffle_tvm.core.latency.RANGES``). Validation: leave-one-model-out (refit without each
-model, predict its cases), and the sign and margin of souffle vs tvm for every measured pair.
+(``souffle_tvm.core.latency.RANGES``); with per-kernel points, the totals and the kernels each
+weigh the same in the sum (a few hundred kernels must not drown 78 totals, nor the reverse).
+Validation: leave-one-model-out (refit without each model, predict its cases), the sign and
+margin of souffle vs tvm for every measured pair, and per kernel: the error of the fit on totals
+alone beside the joint fit's, and leave-one-form-out (refit without each schedule form's kernels).
 
     .venv/bin/python python/latency_fit.py            # writes results/latency/{fit.json,validation.md}
 """
@@ -81,6 +90,34 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
     return points, skipped
 
 
+def load_kernel_points(db_path: Path | None = None, results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
+    """One point per measured kernel (``core.measured``'s database) whose model inputs are known:
+    its key, form, measured µs per launch and ``latency.Kernel``; and what was left out, why."""
+    from souffle_tvm.core.measured import MeasuredTimes
+
+    db = MeasuredTimes.load(db_path)
+    committed = {}
+    for path in sorted((results / "latency").glob("microbench-predictions-*.json")):
+        for case in json.loads(path.read_text()).get("cases", []):
+            for k in case.get("kernels", []):
+                if k.get("key") and k.get("inputs"):
+                    committed[k["key"]] = k | {"dtype": case.get("dtype")}
+    points, skipped = [], []
+    for key, entry in sorted(db.entries.items()):
+        known = entry if entry.get("inputs") else committed.get(key)
+        if known is None:
+            skipped.append(f"kernel {key} ({entry.get('source')}): no model inputs recorded")
+            continue
+        (kernel,) = latency.kernels_from_rows([known["inputs"] | {"launches": 1}])
+        points.append({"key": key, "form": known.get("form") or entry.get("form"), "source": entry.get("source"),
+                       "measured_us": entry["us"], "kernel": kernel})
+    return points, skipped
+
+
+def predict_kernel_us(gpu, consts: latency.Constants, point: dict) -> float:
+    return latency.kernel_time(gpu, consts, point["kernel"]).seconds * 1e6
+
+
 def plan_commit(fusion, commit, cid, plans) -> str:
     return TVM_PLANS if fusion == "tvm" and cid in plans[TVM_PLANS] else commit
 
@@ -93,19 +130,24 @@ def _consts(x) -> latency.Constants:
     return latency.Constants(**{n: float(math.exp(v)) for n, v in zip(latency.NAMES, x)})
 
 
-def fit(gpu, points: list[dict], start: latency.Constants = latency.Constants()) -> latency.Constants:
-    """The constants minimising the squared log errors, each inside its range."""
+def fit(gpu, points: list[dict], start: latency.Constants = latency.Constants(),
+        kernel_points: list[dict] = (), starts: int = 3) -> latency.Constants:
+    """The constants minimising the squared log errors of the measured totals (``points``) and
+    of the measured kernels (``kernel_points``), each set weighing the same, each constant
+    inside its range."""
     lo = [math.log(latency.RANGES[n][0]) for n in latency.NAMES]
     hi = [math.log(latency.RANGES[n][1]) for n in latency.NAMES]
     x0 = np.clip([math.log(getattr(start, n)) for n in latency.NAMES], lo, hi)
+    weight = math.sqrt(len(points) / len(kernel_points)) if points and kernel_points else 1.0
 
     def residuals(x):
         c = _consts(x)
-        return [math.log(predict_ms(gpu, c, p) / p["measured_ms"]) for p in points]
+        return ([math.log(predict_ms(gpu, c, p) / p["measured_ms"]) for p in points]
+                + [weight * math.log(predict_kernel_us(gpu, c, p) / p["measured_us"]) for p in kernel_points])
 
     best = None
     # a few starts: the max() terms make the surface piecewise, and one start can stall on a kink
-    for scale in (1.0, 0.5, 2.0):
+    for scale in (1.0, 0.5, 2.0)[:starts]:
         x = np.clip(np.asarray(x0) + math.log(scale), lo, hi)
         r = least_squares(residuals, x, bounds=(lo, hi), diff_step=1e-3)
         if best is None or r.cost < best.cost:
@@ -135,13 +177,13 @@ def accuracy(gpu, consts: latency.Constants, points: list[dict]) -> dict:
             "within": median <= MEDIAN_BOUND and sum(pairs) >= SIGNS_BOUND}
 
 
-def validate(gpu, points: list[dict]) -> dict:
-    consts = fit(gpu, points)
+def validate(gpu, points: list[dict], kernel_points: list[dict] = ()) -> dict:
+    consts = fit(gpu, points, kernel_points=kernel_points)
     models = sorted({p["model"] for p in points})
     lomo = {}
     for m in models:
-        c = fit(gpu, [p for p in points if p["model"] != m], consts)
-        lomo[m] = c
+        print(f"  leave out {m}", flush=True)
+        lomo[m] = fit(gpu, [p for p in points if p["model"] != m], consts, kernel_points)
     rows = []
     for p in points:
         pred_all = predict_ms(gpu, consts, p)
@@ -163,12 +205,42 @@ def validate(gpu, points: list[dict]) -> dict:
     lomo_err = [abs(r["lomo_error"]) for r in rows]
     all_err = [abs(r["error"]) for r in rows]
     fixed = {n: getattr(consts, n) for n in ("mem_efficiency", "flop_efficiency", "l2_efficiency", "l1_miss")}
-    return {"gpu": gpu.name, "constants": consts.as_dict(), "fixed": fixed, "ranges": latency.RANGES,
-            "lomo_constants": {m: c.as_dict() for m, c in lomo.items()},
-            "median_abs_error": round(statistics.median(all_err), 3), "max_abs_error": round(max(all_err), 3),
-            "lomo_median_abs_error": round(statistics.median(lomo_err), 3),
-            "lomo_max_abs_error": round(max(lomo_err), 3),
-            "signs_right": sum(p["sign_right"] for p in pairs), "pairs": pairs, "points": rows}
+    out = {"gpu": gpu.name, "constants": consts.as_dict(), "fixed": fixed, "ranges": latency.RANGES,
+           "lomo_constants": {m: c.as_dict() for m, c in lomo.items()},
+           "median_abs_error": round(statistics.median(all_err), 3), "max_abs_error": round(max(all_err), 3),
+           "lomo_median_abs_error": round(statistics.median(lomo_err), 3),
+           "lomo_max_abs_error": round(max(lomo_err), 3),
+           "signs_right": sum(p["sign_right"] for p in pairs), "pairs": pairs, "points": rows}
+    if kernel_points:
+        out["kernels"] = validate_kernels(gpu, points, kernel_points, consts)
+    return out
+
+
+def validate_kernels(gpu, points: list[dict], kernel_points: list[dict], joint: latency.Constants) -> dict:
+    """Per measured kernel: the model fitted on totals alone, the joint fit, and leave-one-form-out
+    (the joint fit without that form's kernels: how well a form no GPU timed is predicted)."""
+    totals_only = fit(gpu, points) if points else latency.FITTED
+    forms = sorted({p["form"] or "?" for p in kernel_points})
+    lofo = {}
+    for f in forms:
+        print(f"  leave out form {f}", flush=True)
+        lofo[f] = fit(gpu, points, joint, [p for p in kernel_points if (p["form"] or "?") != f], starts=1)
+    rows = []
+    for p in kernel_points:
+        got = {name: predict_kernel_us(gpu, c, p) for name, c in
+               (("totals_only", totals_only), ("joint", joint), ("lofo", lofo[p["form"] or "?"]))}
+        rows.append({"key": p["key"], "form": p["form"], "source": p["source"], "measured_us": p["measured_us"]}
+                    | {f"{n}_us": round(v, 3) for n, v in got.items()}
+                    | {f"{n}_error": round(error(v, p["measured_us"]), 3) for n, v in got.items()})
+
+    def median(name, rs=rows):
+        return round(statistics.median(abs(r[f"{name}_error"]) for r in rs), 3)
+
+    by_form = {f: {"kernels": len(rs), **{n: median(n, rs) for n in ("totals_only", "joint", "lofo")}}
+               for f in forms for rs in [[r for r in rows if (r["form"] or "?") == f]]}
+    return {"points": len(rows), "constants_totals_only": totals_only.as_dict(),
+            "median_abs_error": {n: median(n) for n in ("totals_only", "joint", "lofo")},
+            "by_form": by_form, "rows": rows}
 
 
 def summary_markdown(v: dict) -> str:
@@ -194,7 +266,21 @@ def summary_markdown(v: dict) -> str:
     lines += ["", "| model | points | LOMO median abs error | max |", "|---|---|---|---|"]
     for m, errs in sorted(per_model.items()):
         lines.append(f"| {m} | {len(errs)} | {statistics.median(errs):.0%} | {max(errs):.0%} |")
-    return "\n".join(lines)
+    return "\n".join(lines + kernels_markdown(v.get("kernels")))
+
+
+def kernels_markdown(k: dict | None) -> list[str]:
+    """The per-kernel figures (``validate_kernels``), or the statement that there are none."""
+    if not k:
+        return ["", "No per-kernel time has been measured: the fit rests on the totals alone "
+                "(`results/latency/measured.json` has no kernel with model inputs)."]
+    e = k["median_abs_error"]
+    lines = ["", f"{k['points']} measured kernels, median |error| per launch: fitted on totals alone "
+             f"{e['totals_only']:.1%}, jointly {e['joint']:.1%}, leave-one-form-out {e['lofo']:.1%}.", "",
+             "| form | kernels | totals alone | joint | leave form out |", "|---|---|---|---|---|"]
+    for f, r in k["by_form"].items():
+        lines.append(f"| {f} | {r['kernels']} | {r['totals_only']:.0%} | {r['joint']:.0%} | {r['lofo']:.0%} |")
+    return lines
 
 
 def write_docs(v: dict, doc: Path = ROOT / "docs" / "latency-model.md") -> None:
@@ -229,6 +315,13 @@ def markdown(v: dict, skipped: list[str]) -> str:
     for p in v["pairs"]:
         lines.append(f"| {p['run']} | {p['model']} | {p['size']} | {'yes' if p['graphs'] else 'no'} | "
                      f"{p['measured_ratio']:.2f} | {p['lomo_predicted_ratio']:.2f} | {'right' if p['sign_right'] else 'WRONG'} |")
+    lines += ["", "## Per kernel", ""] + kernels_markdown(v.get("kernels"))[1:]
+    if v.get("kernels"):
+        lines += ["", "| kernel | form | measured us | totals alone | joint | leave form out |", "|---|---|---|---|---|---|"]
+        for r in v["kernels"]["rows"]:
+            lines.append(f"| {r['source'] or r['key']} | {r['form']} | {r['measured_us']:.4g} | "
+                         f"{r['totals_only_us']:.4g} ({r['totals_only_error']:+.0%}) | {r['joint_us']:.4g} "
+                         f"({r['joint_error']:+.0%}) | {r['lofo_us']:.4g} ({r['lofo_error']:+.0%}) |")
     if skipped:
         lines += ["", "## Left out", ""] + [f"- {s}" for s in skipped]
     return "\n".join(lines) + "\n"
@@ -264,11 +357,14 @@ def scatter(v: dict, path: Path) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "latency"))
+    ap.add_argument("--db", help="the measured-times database (default: core.measured's)")
     args = ap.parse_args(argv)
     gpu = hardware.GPUS["h200"]
     points, skipped = load_points()
-    print(f"{len(points)} measured points; {len(skipped)} cases left out", flush=True)
-    v = validate(gpu, points)
+    kernel_points, kernels_skipped = load_kernel_points(Path(args.db) if args.db else None)
+    skipped += kernels_skipped
+    print(f"{len(points)} measured totals, {len(kernel_points)} measured kernels; {len(skipped)} left out", flush=True)
+    v = validate(gpu, points, kernel_points)
     out = Path(args.out)
     (out / "fit.json").write_text(json.dumps(v | {"skipped": skipped}, indent=1))
     (out / "validation.md").write_text(markdown(v, skipped))

@@ -466,7 +466,7 @@ def _case_prediction(case: Case, entry: dict, report) -> dict:
             "predicted_ms": report.latency.get("ms"), "predicted_graph_ms": report.latency.get("graph_ms"),
             "predicted_gpu_ms": report.latency.get("gpu_ms"),
             "kernels": [{f: k.get(f) for f in ("name", "key", "form", "grid", "block", "launches", "cooperative",
-                                               "grid_syncs", "predicted_us", "floor_us", "floor_by")}
+                                               "grid_syncs", "predicted_us", "floor_us", "floor_by", "inputs")}
                         for k in entry["report"]["kernels"]]}
 
 

@@ -2,6 +2,7 @@
 (core/tir_counts.py), and the latency model held above them."""
 
 import dataclasses
+import json
 import math
 import re
 
@@ -307,6 +308,12 @@ def test_small_resnext_time_driven_holds_every_kernel_to_its_floor():
               > latency.kernel_time(H200, no_chain, k).seconds]
     assert raised
     assert {"k_chain", "l1"} <= {k.floor_by for k in r.kernels}
+    # what a measured kernel is recorded with (latency.row_inputs, through JSON) prices it as the report did
+    again = latency.kernels_from_rows([json.loads(json.dumps(latency.row_inputs(dataclasses.asdict(k))))
+                                       for k in r.kernels])
+    assert any(len(k.stages) > 1 for k in again)
+    assert [round(latency.kernel_time(H200, latency.FITTED, k).seconds * 1e6, 4) for k in again] \
+        == [k.predicted_us for k in r.kernels]
     # every kernel names its schedule form and whether a GPU ever ran it; the table and the
     # predicted time say what rests on forms no GPU has run
     assert all(k.form and k.measured_form is (k.form in measured.TIMED_IN_TOTALS) for k in r.kernels)

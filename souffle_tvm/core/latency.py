@@ -386,6 +386,18 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
     return out
 
 
+# What ``kernels_from_rows`` reads of a report row: a kernel's inputs to the model, enough to price
+# it again under other constants (``python/latency_fit.py`` fits on measured kernels with them).
+ROW_INPUTS = ("name", "grid", "block", "registers", "shared_bytes", "launches", "bytes", "flops", "tensor_core",
+              "written_bytes", "elem_bytes", "stage_plan", "grid_syncs", "launches_outside_graph", "block_counts")
+
+
+def row_inputs(row: dict) -> dict:
+    """The fields of a report row (``asdict(KernelReport)``) the model prices it from: the
+    ``kernels_from_rows`` of the result prices it as the report did."""
+    return {f: row[f] for f in ROW_INPUTS if row.get(f) is not None}
+
+
 def _counts(row: dict) -> floors.BlockCounts | None:
     c = row.get("block_counts")
     return floors.BlockCounts.from_dict(c) if c else None
