@@ -98,6 +98,8 @@ def _contraction_operand(consumer: te.ComputeOp, producer: te.Tensor) -> bool:
     return bool(loads)
 
 
+SHIFTED = ("{stage} selects among shifted pieces of {group}'s output (a concatenation, a cyclic shift): its "
+           "elements come from rows other blocks compute, so it is stored by a kernel of its own")
 WINDOW = ("window chain: {window} reads {anchor}'s output through a window; each block computes the "
           "tile its windows read, halo included, in shared memory")
 
@@ -231,10 +233,14 @@ def partition_groups(prog: TEProgram, row_chains: bool = True) -> Partition:
                 groups.append(Group([t], reason=PROLOGUE.format(gemm=nxt.op.name, stage=op.name, saved=saved),
                                     prologue=True))
                 continue
-            if prods & members and not _atomic(current):
+            # a concatenation left a stage of its own (transforms.vertical: a contraction reads it)
+            shifted = bool(prods & members) and analysis.selects_among_loads(op) and \
+                tir_stats.expr_flops(op.body[0]) == 0
+            if prods & members and not _atomic(current) and not shifted:
                 current.members.append(t)
                 continue
-            reason = ("reads sums accumulated with atomics, complete only after a grid sync" if prods & members
+            reason = (SHIFTED.format(stage=op.name, group=current.name) if shifted
+                      else "reads sums accumulated with atomics, complete only after a grid sync" if prods & members
                       else "one-to-one stage reads no data of the previous kernel")
         groups.append(Group([t], reason=reason))
     for o in prog.opaque:

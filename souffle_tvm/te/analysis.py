@@ -168,9 +168,17 @@ def _is_concat(op: te.ComputeOp) -> bool:
     """Pieces of several tensors chosen by position (topi's concatenate: if_then_else / Select)."""
     found = []
     tvm_ffi.structural_walk(op.body[0], [
-        (tvm.ir.Call, lambda c: found.append(1) if getattr(c.op, "name", "") == "tirx.if_then_else" else None),
+        # TVM 0.27 names it "prim.if_then_else" (no longer "tir."): match the suffix
+        (tvm.ir.Call, lambda c: found.append(1) if getattr(c.op, "name", "").endswith(".if_then_else") else None),
         (tirx.Select, lambda _: found.append(1))])
     return bool(found)
+
+
+def selects_among_loads(op: te.ComputeOp) -> bool:
+    """Whether each element is one of several loads chosen by position (a concatenation, a
+    cyclic shift's two slices): composed into a consumer, it reads its producers through
+    several index patterns under a select, where a pad reads one under a guard."""
+    return len(te_rewrite.loads(op.body[0])) > 1 and _is_concat(op)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -192,7 +200,7 @@ def classify(op: te.ComputeOp) -> tuple[str, str, bool]:
     patterns = [access_pattern(op, t, i)[0] for t, i in lds]
     if "gather" in patterns:
         return GATHER, "gather", False
-    if len({t.op for t, _ in lds}) > 1 and _is_concat(op) and tir_stats.expr_flops(body) == 0:
+    if selects_among_loads(op) and tir_stats.expr_flops(body) == 0:      # of several tensors, or one's pieces
         return ONE_TO_ONE, "concat", False
     if tir_stats.expr_flops(body) > 0:
         return ONE_TO_ONE, "elementwise", False

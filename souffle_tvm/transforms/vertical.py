@@ -5,7 +5,9 @@ A one-to-one stage P is *inlined*: each load ``P[f(i)]`` in a consumer becomes P
 becomes one index expression, simplified over the consumer's domain). P then no longer exists.
 
 P is kept, with a recorded reason, when inlining would change what runs or repeat work:
-it is a model output or feeds an opaque op; or it does arithmetic and some consumer reads
+it is a model output or feeds an opaque op; or it selects among several loads (a concatenation,
+a cyclic shift's slices) and a contraction would read it (through other index maps) as its
+operand, which no GEMM rule tiles (a select of loads, not one buffer); or it does arithmetic and some consumer reads
 each of its elements more than once (a GEMM reading a GELU output would recompute it
 per output column) — such a stage stays and becomes its producer's *epilogue* in the
 partition (fused at its store, computed once); or a chain of :data:`MAX_COMPOSED` stages is
@@ -41,8 +43,9 @@ def _is_index_map(op) -> bool:
             and tir_stats.expr_flops(op.body[0]) == 0)
 
 
-def _effective_reads(op, users: dict, composed: set) -> list[tuple[str, float]]:
-    """(consumer, reuse) pairs for ``op`` once the index-map stages it feeds are composed away."""
+def _readers(op, users: dict, composed: set) -> list[tuple]:
+    """(consumer, the stage it loads) pairs for ``op`` once the index-map stages it feeds are
+    composed away."""
     out = []
     # depth-first through the composed stages with a stack of their pending users: a chain of
     # thousands of index-map stages must not recurse as deep
@@ -55,9 +58,31 @@ def _effective_reads(op, users: dict, composed: set) -> list[tuple[str, float]]:
         elif u in composed:
             stack.append((u, iter(users.get(u, []))))
         else:
-            out.extend((u.name, analysis.access_pattern(u, prod, idx)[1])
-                       for prod, idx in te_rewrite.loads(u.body[0]) if prod.op == producer)
+            out.append((u, producer))
     return out
+
+
+def _effective_reads(op, users: dict, composed: set) -> list[tuple[str, float]]:
+    """(consumer, reuse) pairs for ``op`` once the index-map stages it feeds are composed away."""
+    return [(u.name, analysis.access_pattern(u, prod, idx)[1]) for u, producer in _readers(op, users, composed)
+            for prod, idx in te_rewrite.loads(u.body[0]) if prod.op == producer]
+
+
+def _selects_into_contractions(stages: list[te.Tensor], users: dict, composed: set) -> dict:
+    """{op: reason} for the concatenations a contraction would read as its operand once composed;
+    taken from ``composed``, last first, so that of a chain of them (a shift along two axes) only
+    the one the contraction reads stays."""
+    kept = {}
+    for t in reversed(stages):
+        op = t.op
+        if op not in composed or not analysis.selects_among_loads(op):
+            continue
+        gemms = [u.name for u, _ in _readers(op, users, composed) if analysis.classify(u)[1] == "contraction"]
+        if gemms:
+            composed.discard(op)
+            kept[op] = (f"selects among {len(te_rewrite.loads(op.body[0]))} loads and {gemms[0]} would read it as "
+                        "its operand (a select of loads no GEMM rule tiles: stored once instead)")
+    return kept
 
 
 def _decide(t: te.Tensor, users: dict, pinned: dict, composed: set, flops_per_elem: int) -> str | None:
@@ -109,6 +134,7 @@ def vertical(prog: TEProgram) -> VerticalResult:
     # Index-map stages are composed into their consumers first (unless pinned), so the decision
     # for an arithmetic stage sees the consumers it will really have.
     composed = {t.op for t in stages if t.op not in pinned and _is_index_map(t.op)}
+    pinned.update(_selects_into_contractions(stages, users, composed))
     inlined_ops: dict = {}   # old op -> old op (its body is composed on demand)
     int_constants = {t.op: v for t, v in prog.constants.items() if str(v.dtype).startswith(("int", "uint"))}
     new_of: dict = {}        # old op -> list of new tensors
