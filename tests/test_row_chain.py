@@ -163,8 +163,10 @@ def test_each_term_loads_its_operands_once_at_bert_base_size():
     """A BERT-base layer's chain at 256 threads (8 warps), counted from the built kernel: the
     operands of each term come into registers once, not once per micro-tile iteration that does
     not move them (Q's row element across a thread's 2 columns, V's across its 4 rows: 25,952
-    requests a block before). Per warp: K staged 3 chunks x 32 loads, Q 3 x 64 terms x 4 rows,
-    the score scale 3 softmax loops x 24, V 384 terms x 1, the output 4 stores."""
+    requests a block before), and the block's own Q rows come into shared memory once, not once
+    per chunk of K, term and row (3 x 64 x 4 requests a warp before: 10,592 a block, 14,464
+    sectors). Per warp: K staged 3 chunks x 32 loads, Q's 16 x 64 rows 4, the score scale 3
+    softmax loops x 24, V 384 terms x 1, the output 4 stores."""
     from souffle_tvm.build.executable import device_counts
 
     groups, readers = _chain_groups(_program(bert.build(bert.BertConfig(layers=1), "float16")))
@@ -172,7 +174,9 @@ def test_each_term_loads_its_operands_once_at_bert_base_size():
     done = schedule.schedule_group(func, CUDA, 256)
     assert done.rule == "RowChain", done.notes
     (counts,) = device_counts(done.func, CUDA)
-    assert counts.global_requests == 8 * (3 * 32 + 3 * 64 * 4 + 3 * 24 + 384 + 4)
+    assert counts.global_requests == 8 * (3 * 32 + 4 + 3 * 24 + 384 + 4)
+    # Q's 64 sectors once, against 6,144 (a request per term and row, its lanes on 1-2 rows)
+    assert counts.global_sectors <= 8400
     # and the row's scaling behind a barrier each iteration waits on no global load (K steps
     # are the 3 staged chunks only)
     assert counts.k_steps == 3

@@ -124,19 +124,25 @@ class RowChain(CUDAScheduleRule):
         # staged only where row blocks tile the rows exactly: under the guard of a ragged last
         # row block TVM cannot bound the operand's box to the block's own head
         stage = staged[0] if len(staged) == 1 and rows[-1] % tile == 0 else None
-        _micro_tile(sch, head, rr, cc, kk, tile, self.threads, stage)
+        acc = _written(sch, head)
+        row_operand = [i for i, r in enumerate(sch.get(head).reads) if i not in staged and not r.source.same_as(acc)]
+        held = row_operand[0] if stage is not None and len(row_operand) == 1 else None
+        _micro_tile(sch, head, rr, cc, kk, tile, self.threads, stage, held)
         return sch
 
 
 def _micro_tile(sch: s_tir.Schedule, block, rows, cols, summed, tile: int, threads: int,
-                stage: int | None = None) -> None:
+                stage: int | None = None, held: int | None = None) -> None:
     """A contraction's ``tile`` x C block output over ``threads`` threads, each a micro-tile
     of ``m`` rows by a run of consecutive columns (``c`` threads across the columns), summed in registers (each operand element it loads
     serves ``m`` or C/``c`` products): ``m`` the largest of 4, 2, 1 whose ``c`` = threads x m /
     tile column lanes the columns can use. ``stage``: the operand (read index) whose rows the
     columns select is first copied to shared memory, ``STAGED_BYTES`` of it at a time (the
     columns in chunks), by all threads in coalesced rows, its rows padded one word apart so that
-    lanes reading different rows hit different banks."""
+    lanes reading different rows hit different banks. ``held``: the operand (read index) whose
+    rows are the block's own (attention's Q) is copied to shared memory once for the block: its
+    ``tile`` rows are read again for every chunk of columns and by every micro-tile across them,
+    from global memory a request per term and row."""
     extent = int(sch.get(cols).extent)
     m = next((m for m in (4, 2, 1) if tile % m == 0 and threads * m // tile <= extent), 1)
     lanes = threads * m // tile
@@ -162,6 +168,15 @@ def _micro_tile(sch: s_tir.Schedule, block, rows, cols, summed, tile: int, threa
         sch.compute_at(copy, around[depth - 1])
         loops = sch.get_loops(copy)[depth:]
         _, tc = sch.split(sch.fuse(*loops), [None, threads])
+        sch.bind(tc, "threadIdx.x")
+        elem = tir_stats.dtype_bytes(str(src.ty.dtype))
+        sch.storage_align(copy, 0, axis=len(src.ty.shape) - 2, factor=32, offset=max(1, 4 // elem))
+    if held is not None:
+        src = sch.get(block).reads[held].source
+        # this block's reads only: the tail reads V out of the same fused QKV tensor
+        copy = sch.cache_read(block, held, "shared", consumer_blocks=[block])
+        sch.compute_at(copy, sch.get_loops(block)[0])
+        _, tc = sch.split(sch.fuse(*sch.get_loops(copy)[1:]), [None, threads])
         sch.bind(tc, "threadIdx.x")
         elem = tir_stats.dtype_bytes(str(src.ty.dtype))
         sch.storage_align(copy, 0, axis=len(src.ty.shape) - 2, factor=32, offset=max(1, 4 // elem))
