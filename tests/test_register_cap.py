@@ -165,3 +165,34 @@ def test_a_capped_build_that_fails_leaves_the_build_it_had(monkeypatch):
     compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
     (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
     assert kernel.min_blocks is None and "__launch_bounds__(256, " not in compiled.cuda_source
+
+
+@needs_nvcc
+def test_a_grid_the_settled_build_leaves_room_for_is_launched_under_a_cap(monkeypatch):
+    # planted: the small MMoE's first build's figures are told to allow one block (as BERT-base's
+    # v3 kernel, 178 registers at its 288 blocks: one block per SM), so it settles at one; the
+    # settled build's own figures allow its full grid (as BERT's at 132 blocks: 79 registers),
+    # and the model says the wider grid pays: it is built at that grid, under the register cap
+    # that keeps it co-resident
+    from souffle_tvm.pipeline.driver import compile as compile_model
+
+    coresident = feedback.coresident_grids
+    calls = []
+
+    def one_block_first(report, souffle):
+        calls.append(1)
+        return {k.function: 1 for k in souffle.stitched} if len(calls) == 1 else coresident(report, souffle)
+
+    monkeypatch.setattr(feedback, "coresident_grids", one_block_first)
+    monkeypatch.setattr(feedback, "graph_seconds", lambda planned, arch: 0.0 if any(
+        k.cooperative and k.grid[0] > 1 for k in planned.kernels) else 1.0)
+    compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
+    (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
+    assert kernel.grid[0] > 1 and kernel.min_blocks == 1 and not kernel.spill_bytes
+    assert "__launch_bounds__(256, 1)" in compiled.cuda_source
+    # and where the model does not say it pays, the settled grid stays
+    calls.clear()
+    monkeypatch.setattr(feedback, "graph_seconds", lambda planned, arch: 1.0)
+    compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
+    (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
+    assert kernel.grid[0] == 1 and kernel.min_blocks is None

@@ -61,6 +61,10 @@ def _split(souffle: SouffleModule, why: dict[str, str]) -> dict[int, str]:
     return forced
 
 
+# Wider grids a settled build tries at most (each a rebuild: nvcc and ptxas again).
+WIDEN_TRIES = 2
+
+
 def _spills(report: Report) -> int:
     return sum(k.spill_bytes or 0 for k in report.kernels if k.cooperative)
 
@@ -159,6 +163,10 @@ def settle(imported: ImportedModel, souffle: SouffleModule, target, use_nvcc: bo
                 souffle, result, report, src, took = _rebuild(
                     imported, souffle, target, dataclasses.replace(souffle.feedback, grids=sms), use_nvcc)
                 seconds += took
+        widened, extra = _widened(imported, souffle, result, report, target, use_nvcc)
+        seconds += extra
+        if widened is not None:
+            souffle, result, report, src = widened
         capped, extra = _capped(imported, souffle, result, report, target, use_nvcc)
         seconds += extra
         if capped is not None:
@@ -172,6 +180,49 @@ def _rebuild(imported: ImportedModel, souffle: SouffleModule, target, feedback, 
     again = restitch(souffle, target, feedback)
     result, report, src = build_and_report(imported, again, target, use_nvcc)
     return again, result, report, src, report.nvcc.get("seconds", 0.0)
+
+
+def _widened(imported: ImportedModel, souffle: SouffleModule, result: BuildResult, report: Report, target,
+             use_nvcc: bool) -> tuple[tuple | None, float]:
+    """((souffle, result, report, source) with wider grids, or None, and the nvcc seconds it took).
+    A kernel's registers can fall with its grid (a grid-stride loop where each block had one tile:
+    BERT-base's stitched v3 kernel, 178 registers at its 288 blocks, 79 at 132), so the grid the
+    first build's figures allowed can leave blocks per SM unused. Where the settled build allows
+    more co-resident blocks than it launches, more are launched, at most ``WIDEN_TRIES`` ways from
+    the most blocks per SM down, each under the register cap that keeps them co-resident
+    (``__launch_bounds__``, as ``_capped`` builds it); the first that spills no more, is
+    co-resident and is predicted faster is kept."""
+    arch = str(target.attrs["arch"])
+    gpu = hardware.for_arch(arch)
+    launched = {k.function: k.grid for k in souffle.stitched}
+    wider = {f: g for f, g in coresident_grids(report, souffle).items() if g > launched.get(f, g)}
+    if not wider:
+        return None, 0.0
+    planned = graph_seconds(with_stitched_facts(report, result, souffle.stitched, souffle.unstitched), arch)
+    most = max(-(-g // gpu.sms) for g in wider.values())
+    least = min(launched[f] // gpu.sms for f in wider) + 1
+    seconds = 0.0
+    for per_sm in list(range(most, least - 1, -1))[:WIDEN_TRIES]:
+        grids = {f: min(g, per_sm * gpu.sms) for f, g in wider.items()}
+        grids = {f: g for f, g in grids.items() if g > launched[f]}
+        if not grids:
+            break
+        progress.step(f"widening {len(grids)} cooperative kernel(s) to {per_sm} blocks per SM, registers capped")
+        fb = dataclasses.replace(
+            souffle.feedback, grids={k.name: grids.get(k.function, k.grid) for k in souffle.stitched},
+            min_blocks={**souffle.feedback.min_blocks,
+                        **{k.name: -(-grids[k.function] // gpu.sms) for k in souffle.stitched if k.function in grids}})
+        try:
+            again, result2, report2, src, took = _rebuild(imported, souffle, target, fb, use_nvcc)
+        except (SouffleError, RuntimeError, ValueError) as err:   # TVM raises built-ins; optional: the build stands
+            progress.step(f"wider grids not built ({str(err).splitlines()[0][:200]})")
+            return None, seconds
+        seconds += took
+        if _spills(report2) <= _spills(report) and _coresident(report2, arch) and graph_seconds(
+                with_stitched_facts(report2, result2, again.stitched, again.unstitched), arch) < planned:
+            return (again, result2, report2, src), seconds
+    progress.step("the wider grids spill, do not fit or are not predicted faster: kept")
+    return None, seconds
 
 
 def _capped(imported: ImportedModel, souffle: SouffleModule, result: BuildResult, report: Report, target,
