@@ -7,10 +7,10 @@ becomes one index expression, simplified over the consumer's domain). P then no 
 P is kept, with a recorded reason, when inlining would change what runs or repeat work:
 it is a model output or feeds an opaque op; or it selects among several loads (a concatenation,
 a cyclic shift's slices) and a contraction would read it (through other index maps) as its
-operand, which no GEMM rule tiles (a select of loads, not one buffer); or it does arithmetic and some consumer reads
-each of its elements more than once (a GEMM reading a GELU output would recompute it
-per output column) — such a stage stays and becomes its producer's *epilogue* in the
-partition (fused at its store, computed once); or a chain of :data:`MAX_COMPOSED` stages is
+operand, which no GEMM rule tiles (a select of loads, not one buffer); or it does arithmetic
+and some consumer reads each of its elements more than once (a GEMM reading a GELU output
+would recompute it per output column) — such a stage stays and becomes its producer's
+*epilogue* in the partition (fused at its store, computed once); or a chain of :data:`MAX_COMPOSED` stages is
 composed into it already (a long element-wise chain is cut into expressions of that depth).
 """
 
