@@ -185,6 +185,14 @@ def _rebuild(imported: ImportedModel, souffle: SouffleModule, target, feedback, 
     return again, result, report, src, report.nvcc.get("seconds", 0.0)
 
 
+def _pays(report: Report, planned_s: float, again: SouffleModule, result2, report2: Report, arch: str) -> bool:
+    """Whether a rebuild (``again``, ``result2``, ``report2``) of the build ``report`` (predicted
+    ``planned_s`` under a graph) is kept: it spills no more, every grid is co-resident and the
+    latency model predicts it faster (it has no spill term: a change is taken only where it costs none)."""
+    return _spills(report2) <= _spills(report) and _coresident(report2, arch) and graph_seconds(
+        with_stitched_facts(report2, result2, again.stitched, again.unstitched), arch) < planned_s
+
+
 def _widened(imported: ImportedModel, souffle: SouffleModule, result: BuildResult, report: Report, target,
              use_nvcc: bool) -> tuple[tuple | None, float]:
     """((souffle, result, report, source) with wider grids, or None, and the nvcc seconds it took).
@@ -221,8 +229,7 @@ def _widened(imported: ImportedModel, souffle: SouffleModule, result: BuildResul
             progress.step(f"wider grids not built ({str(err).splitlines()[0][:200]})")
             return None, seconds
         seconds += took
-        if _spills(report2) <= _spills(report) and _coresident(report2, arch) and graph_seconds(
-                with_stitched_facts(report2, result2, again.stitched, again.unstitched), arch) < planned:
+        if _pays(report, planned, again, result2, report2, arch):
             return (again, result2, report2, src), seconds
     progress.step("the wider grids spill, do not fit or are not predicted faster: kept")
     return None, seconds
@@ -252,8 +259,7 @@ def _capped(imported: ImportedModel, souffle: SouffleModule, result: BuildResult
     except (SouffleError, RuntimeError, ValueError) as err:   # TVM raises built-ins; an optional step: the build stands
         progress.step(f"register caps not built ({str(err).splitlines()[0][:200]}): no cap")
         return None, 0.0
-    if _spills(report2) > _spills(report) or not _coresident(report2, arch) or graph_seconds(
-            with_stitched_facts(report2, result2, again.stitched, again.unstitched), arch) >= graph_seconds(planned, arch):
+    if not _pays(report, graph_seconds(planned, arch), again, result2, report2, arch):
         progress.step("the capped kernels spill, do not fit or are not predicted faster: no cap")
         return None, seconds
     return (again, result2, report2, src), seconds
