@@ -245,16 +245,20 @@ def sector_seconds(gpu: GPU, c: Constants, kernel: "Kernel") -> float:
     whole footprint fits in the L1 its SMs keep beside their blocks' shared memory, each active
     SM fetches it at most once and re-reads hit L1; else ``l1_miss`` of the sectors come from L2
     (1: no L1 reuse credited). They cross at ``l2_efficiency`` of L2's bandwidth, each active SM
-    at most its share of it; 0 without counts or with the term off."""
+    at most its share of it; 0 without counts or with the term off. A stitched kernel's busiest
+    block moves its own sectors through its one SM: a stage of two tiles in a 132-block kernel
+    takes what those two blocks take, as the partitioner prices it (``stage_time``: its tiles
+    are the active blocks)."""
     counts = kernel.counts
     if counts is None or not counts.global_sectors:
         return 0.0
-    sectors = counts.global_sectors * kernel.grid
-    if counts.busiest is not None:
-        sectors = max(sectors, counts.busiest.global_sectors)
     per_sm, _ = resident_blocks(gpu, kernel)
-    return _sectors_seconds(gpu, c, sectors, kernel.grid, sum(s.bytes for s in kernel.stages),
-                            gpu.l1_shared_per_sm - per_sm * kernel.shared_bytes)
+    footprint = sum(s.bytes for s in kernel.stages)
+    l1_left = gpu.l1_shared_per_sm - per_sm * kernel.shared_bytes
+    seconds = _sectors_seconds(gpu, c, counts.global_sectors * kernel.grid, kernel.grid, footprint, l1_left)
+    if counts.busiest is not None:
+        seconds = max(seconds, _sectors_seconds(gpu, c, counts.busiest.global_sectors, 1, footprint, l1_left))
+    return seconds
 
 
 def _sectors_seconds(gpu: GPU, c: Constants, sectors: float, blocks: int, footprint: int, l1_left: int) -> float:
@@ -373,7 +377,8 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
         plan = r.get("stage_plan") or (r.get("stages") if r.get("stages") and isinstance(r["stages"][0], dict) else None)
         if plan:
             stages = tuple(Stage(s["tiles"], s["threads"], s["bytes"], s["flops"], bool(s.get("tensor_core")),
-                                 s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes)
+                                 s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes,
+                                 s.get("shared_wavefronts") or 0.0, s.get("k_steps") or 0, s.get("sectors") or 0.0)
                            for s in plan)
             out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, stages,
                               r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph"),

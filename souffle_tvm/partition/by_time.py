@@ -120,14 +120,17 @@ class Timer:
 
     def stages_onchip(self, g: int, slots: int) -> float:
         """Group ``g``'s stages in a stitched kernel with its credited producer: the bytes it reads
-        on chip (``credit``) taken off its first stage, which carries the group's bytes."""
+        on chip (``credit``) taken off its first stage, which carries the group's bytes (and its
+        global sectors in proportion, as the report prices the built kernel's stage)."""
         key = (g, slots, "onchip")
         if key not in self._group:
             credit = self.credit(g)
             work = self.facts.work[g]
             if credit is None or not work:
                 return self.stages(g, slots, True)
-            first = dataclasses.replace(work[0], bytes=max(work[0].bytes - credit[1], 0))
+            left = max(work[0].bytes - credit[1], 0)     # its global sectors scale with the bytes left
+            first = dataclasses.replace(work[0], bytes=left,
+                                        sectors=work[0].sectors * left / work[0].bytes if work[0].bytes else 0.0)
             self._group[key] = (latency.stage_time(self.gpu, self.c, first, slots, True).seconds
                                 + sum(self.stage(g, s, slots, True) for s in range(1, len(work))))
         return self._group[key]

@@ -312,8 +312,12 @@ class StitchSubprograms:
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,
                                       block=STITCH_BLOCK, grids=grids, min_blocks=self.feedback.min_blocks,
                                       blocks=sized.blocks, onchip=self.onchip)
+        # what a block of each stage executes, as the partitioner counted it: the report prices
+        # the built kernel's stages as it priced them
+        work = {STITCH_BLOCK: facts.work, **({b: t.facts.work for b, t in at.others().items()} if at else {})}
         for k in stitched:
             k.block_reason = sized.why.get(k.index)
+            k.counted_alone = policies.counted_alone(k.stage_ids, work.get(k.block), calls)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,

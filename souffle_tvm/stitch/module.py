@@ -53,6 +53,10 @@ class StitchedKernel:
     resident_bytes: int = 0        # per block: the shared memory its inputs' copies take (``resident``)
     resident_inputs: list[str] = field(default_factory=list)   # the inputs copied, by name
     filled: list[dict] = field(default_factory=list)   # per entry of ``stages``: {position: bytes its fills read}
+    # per entry of ``stages``: what one block of its tiles executes, counted with the stage stitched
+    # alone at ``block`` (the partitioner's figures: {"tiles", "sectors", "k_steps",
+    # "shared_wavefronts"}), None where not counted; set by the pass that stitches
+    counted_alone: list = field(default_factory=list)
 
 
 def function_runs(stage_ids: list[StageId]) -> list[list[int]]:
