@@ -345,8 +345,10 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
             column.append(value)
     signature = [tvm_ffi.structural_hash(calls.func(i)) if asked[i] else None for i in range(len(groups))]
     repeats = _repeats(calls) if only is None else [None] * len(groups)
+    # at another block size too (``only``): a window priced there without them pays grid syncs the
+    # stitcher would not put, and reads off chip what it would keep on it
     onchip, local = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
-                     if is_cuda(target) and only is None else ([], []))
+                     if is_cuda(target) else ([], []))
     return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone, local)
 
 
