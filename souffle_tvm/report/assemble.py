@@ -147,12 +147,12 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
                                     written_bytes=max(stage.written_bytes - unwritten, 0))
         if not first:      # only a function's first region carries what it stores
             stage = dataclasses.replace(stage, written_bytes=0)
-        stage = _counted(stage, sk.counted_alone[i] if i < len(sk.counted_alone) else None, saved - refill)
+        stage = _with_counts_alone(stage, sk.counted_alone[i] if i < len(sk.counted_alone) else None, saved - refill)
         plan.append({**dataclasses.asdict(stage), **({"onchip_bytes": saved} if saved else {})})
     return plan
 
 
-def _counted(stage: latency.Stage, alone: dict | None, onchip: int) -> latency.Stage:
+def _with_counts_alone(stage: latency.Stage, alone: dict | None, onchip: int) -> latency.Stage:
     """``stage`` with what a block of it executes as the partitioner counted it (``alone``: the
     stage stitched alone at the kernel's block size), where the tiles are the same: a stitched
     kernel's own counts are of its busiest and last blocks, all stages together, so a stage of few
