@@ -46,7 +46,7 @@ def resnext_v3():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(driver, "settle", settle)
-        driver.compile("resnext", "cuda", "souffle", small=True, level="v3")
+        kept["compiled"] = driver.compile("resnext", "cuda", "souffle", small=True, level="v3")
     return kept
 
 
@@ -122,3 +122,15 @@ def test_the_partitioner_prices_the_window_as_the_report_prices_its_kernel(resne
         assert window == pytest.approx(priced, rel=0.02), (sk.function, sk.block, window, priced)
         compared += 1
     assert compared
+
+
+@needs_nvcc
+def test_a_resized_kernels_form_names_its_block_size(resnext_v3):
+    """The form a kernel's time is kept by (and ``measured_form`` judged by) is its stages'
+    schedules at the kernel's block size: small ResNeXt's v3 kernel runs 128 threads, and was
+    reported as 256-thread forms (read from the partition's schedules)."""
+    import re
+
+    for kr in (k for k in resnext_v3["compiled"].report.kernels if k.cooperative):
+        sizes = {int(n) for n in re.findall(r"@(\d+)", kr.form)}
+        assert sizes == {kr.block[0]}, (kr.form, kr.block)

@@ -226,15 +226,18 @@ def add_forms(report: Report, mod, unstitched=None, stitched: list = ()) -> None
     kernel's stages' forms joined; a function without one is TVM's own (dlight's rules)."""
     funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
     stages = {gv.name_hint: f for gv, f in (unstitched or mod).functions.items() if isinstance(f, tirx.PrimFunc)}
-    ids = {k.function: k.stage_ids for k in stitched}
+    by_function = {k.function: k for k in stitched}
 
     def form(func) -> str:
         attrs = func.attrs if func is not None and func.attrs is not None else {}
         return str(attrs[FORM_ATTR]) if FORM_ATTR in attrs else "dlight"
 
     for kr in report.kernels:
-        if kr.primfunc in ids:
-            kr.form = " + ".join(dict.fromkeys(form(stages.get(st.function)) for st in ids[kr.primfunc]))
+        if kr.primfunc in by_function:
+            # a stage of a kernel at another block size has its schedule at that size
+            sk = by_function[kr.primfunc]
+            kr.form = " + ".join(dict.fromkeys(form(sk.stage_funcs.get(st.function, stages.get(st.function)))
+                                               for st in sk.stage_ids))
         else:
             kr.form = form(funcs.get(kr.primfunc))
         kr.measured_form = timed_in_a_total(kr.form)
