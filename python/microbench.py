@@ -45,7 +45,7 @@ os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 import gpu_check  # noqa: E402 - imports no TVM
 
 ARCH = gpu_check.ARCH
-DATE = "2026-12-06"
+DATE = "2026-12-07"
 PREDICTIONS = ROOT / "results" / "latency" / f"microbench-predictions-{DATE}.json"
 CARRY_LIMIT = gpu_check.TRAVEL_LIMIT      # what one device call carries, the working tree included
 SMS = 132                      # H200; prepare takes it from core.hardware
