@@ -48,7 +48,7 @@ from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
-from . import block_sizes, joint_tiles, policies
+from . import block_sizes, joint_tiles, policies, stage_counts
 from .options import LEVEL_DISABLES, Feedback, Options
 
 PROGRAM = "souffle.te_program"
@@ -317,7 +317,7 @@ class StitchSubprograms:
         work = {STITCH_BLOCK: facts.work, **({b: t.facts.work for b, t in at.others().items()} if at else {})}
         for k in stitched:
             k.block_reason = sized.why.get(k.index)
-            k.counted_alone = policies.counted_alone(k.stage_ids, work.get(k.block), calls)
+            k.counted_alone = stage_counts.counted_alone(k.stage_ids, work.get(k.block), calls)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,

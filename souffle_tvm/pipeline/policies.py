@@ -286,23 +286,6 @@ class GroupCalls:
         return [[self.call_index[i] for i in idx if i in self.call_index] for idx, _ in subprograms]
 
 
-def counted_alone(stage_ids: list, work: list | None, calls: GroupCalls) -> list[dict | None]:
-    """Per stage of a stitched kernel (``stage_ids``: ``StitchedKernel.stage_ids``): what one
-    block of its tiles executes as the partitioner counted it (``work``: ``GroupFacts.work`` at
-    the kernel's block size), None where it was not counted."""
-    by_function = {}
-    for g, i in calls.call_index.items():
-        if work and g < len(work) and work[g]:
-            by_function.setdefault(calls.calls[i].args[0].name_hint, work[g])
-    out = []
-    for sid in stage_ids:
-        regions = by_function.get(sid.function, [])
-        st = regions[sid.region or 0] if (sid.region or 0) < len(regions) else None
-        out.append(None if st is None else {"tiles": st.tiles, "sectors": st.sectors, "k_steps": st.k_steps,
-                                             "shared_wavefronts": st.shared_wavefronts})
-    return out
-
-
 def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITCH_BLOCK,
                 sizes: bool = True, unscheduled: tvm.IRModule | None = None,
                 only: set[int] | None = None) -> GroupFacts:
