@@ -65,10 +65,11 @@ def test_a_stitched_stage_carries_the_counts_the_partitioner_priced(resnext_v3):
                 assert plan["sectors"] == alone["sectors"]
                 checked += 1
             else:     # read partly on chip: the sectors of the bytes left off chip
-                assert plan["sectors"] < alone["sectors"]
+                assert plan["sectors"] <= alone["sectors"]
         # and they reach the model: the stages priced from the report's rows carry them
         (kernel,) = latency.kernels_from_rows([dataclasses.asdict(row)])
         assert [s.sectors for s in kernel.stages] == [p["sectors"] for p in row.stage_plan]
+        assert any(a["sectors"] > 0 for a in sk.counted_alone)     # counted, not zeros
     assert checked > 0
 
 
@@ -131,6 +132,8 @@ def test_a_resized_kernels_form_names_its_block_size(resnext_v3):
     reported as 256-thread forms (read from the partition's schedules)."""
     import re
 
-    for kr in (k for k in resnext_v3["compiled"].report.kernels if k.cooperative):
+    kernels = [k for k in resnext_v3["compiled"].report.kernels if k.cooperative]
+    assert any(k.block[0] != STITCH_BLOCK for k in kernels), "no resized kernel to check"
+    for kr in kernels:
         sizes = {int(n) for n in re.findall(r"@(\d+)", kr.form)}
         assert sizes == {kr.block[0]}, (kr.form, kr.block)

@@ -115,8 +115,9 @@ class Stage:
     elem_bytes: int = 4
     shared_wavefronts: float = 0.0   # per tile, where a rule knows it before building (floors)
     k_steps: int = 0                 # per tile: unpipelined K steps, each waiting on a global load
-    sectors: float = 0.0             # per tile: 32-byte sectors its global requests touch, where counted
-                                     # before the kernel exists (the partitioner's; a Kernel's own counts win)
+    sectors: float = 0.0             # per tile: 32-byte sectors its global requests touch, counted with
+                                     # the stage alone or stitched alone (a stitched Kernel's stages carry
+                                     # them too: its own counts do not say which stage's tiles move them)
 
     def floor_seconds(self, gpu: GPU, slots: int) -> float:
         """The largest of the stage's static floors (``core.floors``)."""
@@ -245,8 +246,8 @@ def sector_seconds(gpu: GPU, c: Constants, kernel: "Kernel") -> float:
     whole footprint fits in the L1 its SMs keep beside their blocks' shared memory, each active
     SM fetches it at most once and re-reads hit L1; else ``l1_miss`` of the sectors come from L2
     (1: no L1 reuse credited). They cross at ``l2_efficiency`` of L2's bandwidth, each active SM
-    at most its share of it; 0 without counts or with the term off. A stitched kernel's busiest
-    block moves its own sectors through its one SM: a stage of two tiles in a 132-block kernel
+    at most its share of it; 0 without counts or with the term off. A kernel's busiest block
+    moves its own sectors through its one SM: a stage of two tiles in a 132-block kernel
     takes what those two blocks take, as the partitioner prices it (``stage_time``: its tiles
     are the active blocks)."""
     counts = kernel.counts
@@ -295,7 +296,8 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     tail = (slots - rest) / slots if rest else 0.0
     if persistent:
         seconds += (waves - 1) * c.tile_us * 1e-6
-    # sectors counted before the kernel exists (the partitioner's view; a Kernel prices its own)
+    # the stage's own sectors (the partitioner's, and a stitched kernel's stage plan): its tiles are
+    # the blocks that move them, which the kernel's whole-block counts cannot say
     seconds = max(seconds, _sectors_seconds(gpu, c, stage.sectors * stage.tiles, stage.tiles, stage.bytes,
                                             gpu.l1_shared_per_sm))
     floor = stage.floor_seconds(gpu, slots)

@@ -32,7 +32,8 @@ class GroupFacts:
     that group i repeats with its inputs one period later (``stitch.rolling.repeats``), rolled
     into a loop when stitched; None if none. ``work[i]``: per lowered stage, the tiles and threads
     it launches alone, its bytes and flops (on its first stage), whether it uses tensor
-    cores and what a block of it executes stitched (K steps, shared wavefronts; ``alone_work``:
+    cores and what a block of it executes stitched (K steps, shared wavefronts, global sectors;
+    the report prices a built stitched kernel's stages from the same: ``alone_work``:
     built alone): what the time-driven partitioner (``by_time``) predicts from. ``kernel_keys[i]``: group
     i's kernel in the measured-times database (``core.measured``), None for a multi-launch group.
     """

@@ -5,10 +5,13 @@ stages together) cannot say which stage's few tiles carry the sectors."""
 
 from __future__ import annotations
 
-from .policies import GroupCalls
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .policies import GroupCalls
 
 
-def counted_alone(stage_ids: list, work: list | None, calls: GroupCalls) -> list[dict | None]:
+def counted_alone(stage_ids: list, work: list | None, calls: "GroupCalls") -> list[dict | None]:
     """Per stage of a stitched kernel (``stage_ids``: ``StitchedKernel.stage_ids``): what one
     block of its tiles executes as the partitioner counted it (``work``: ``GroupFacts.work`` at
     the kernel's block size), None where it was not counted."""

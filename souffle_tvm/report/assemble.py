@@ -157,11 +157,15 @@ def _with_counts_alone(stage: latency.Stage, alone: dict | None, onchip: int) ->
     stage stitched alone at the kernel's block size), where the tiles are the same: a stitched
     kernel's own counts are of its busiest and last blocks, all stages together, so a stage of few
     tiles and many sectors is priced as those tiles' SMs move them, as the partitioner priced it.
-    Global sectors scale with the bytes left off chip (``onchip``: the bytes its channels took)."""
+    Global sectors scale with the bytes left off chip (``onchip``: what its channels took, less
+    what a resident input's fill reads instead: a fill's loads are sectors too), as the
+    partitioner's on-chip credit scales them. A stage whose tiles differ keeps the kernel's counts
+    alone (no rule tiles a stage differently stitched today)."""
     if alone is None or alone["tiles"] != stage.tiles:
         return stage
     before = stage.bytes + onchip
-    sectors = alone["sectors"] * (stage.bytes / before if before > 0 and onchip > 0 else 1.0)
+    share = max(stage.bytes, 0) / before if before > 0 and onchip > 0 else 1.0
+    sectors = alone["sectors"] * share
     return dataclasses.replace(stage, sectors=sectors, k_steps=alone["k_steps"],
                                shared_wavefronts=alone["shared_wavefronts"])
 
