@@ -56,7 +56,7 @@ rate; ``python/l2_residency.py``), bank conflicts, spills, instruction mix insid
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import floors
 from .hardware import GPU, occupancy
@@ -118,6 +118,12 @@ class Stage:
     sectors: float = 0.0             # per tile: 32-byte sectors its global requests touch, counted with
                                      # the stage alone or stitched alone (a stitched Kernel's stages carry
                                      # them too: its own counts do not say which stage's tiles move them)
+
+    def read_on_chip(self, taken: int) -> "Stage":
+        """This stage with ``taken`` of its bytes read on chip instead (a channel, a resident
+        copy): its global sectors fall in proportion to the bytes left off chip."""
+        left = max(self.bytes - taken, 0)
+        return replace(self, bytes=left, sectors=self.sectors * left / self.bytes if self.bytes > 0 else 0.0)
 
     def floor_seconds(self, gpu: GPU, slots: int) -> float:
         """The largest of the stage's static floors (``core.floors``)."""

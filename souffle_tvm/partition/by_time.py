@@ -14,7 +14,6 @@ Every boundary keeps a reason; a time boundary gives both figures.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -128,9 +127,7 @@ class Timer:
             work = self.facts.work[g]
             if credit is None or not work:
                 return self.stages(g, slots, True)
-            left = max(work[0].bytes - credit[1], 0)     # its global sectors scale with the bytes left
-            first = dataclasses.replace(work[0], bytes=left,
-                                        sectors=work[0].sectors * left / work[0].bytes if work[0].bytes else 0.0)
+            first = work[0].read_on_chip(credit[1])
             self._group[key] = (latency.stage_time(self.gpu, self.c, first, slots, True).seconds
                                 + sum(self.stage(g, s, slots, True) for s in range(1, len(work))))
         return self._group[key]

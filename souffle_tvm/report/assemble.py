@@ -122,7 +122,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     run_of = {run[0]: run for run in function_runs(sk.stage_ids)}
     for i, (st, geometry) in enumerate(zip(sk.stage_ids, sk.geometry)):
         first = st.region in (None, 0)
-        func = sk.stage_funcs.get(st.function, stage_funcs.get(st.function))   # at the kernel's block size
+        func = sk.stage_func(st.function, stage_funcs)
         # a function lowered to several launch regions passes data between them in global scratch
         scratch = tir_stats.global_scratch_bytes(func) if func is not None and st.region == 0 else 0
         nbytes = sum(result.footprints.get(st.function, {}).values()) + scratch if first else 0
@@ -163,11 +163,11 @@ def _with_counts_alone(stage: latency.Stage, alone: dict | None, onchip: int) ->
     alone (no rule tiles a stage differently stitched today)."""
     if alone is None or alone["tiles"] != stage.tiles:
         return stage
-    before = stage.bytes + onchip
-    share = max(stage.bytes, 0) / before if before > 0 and onchip > 0 else 1.0
-    sectors = alone["sectors"] * share
-    return dataclasses.replace(stage, sectors=sectors, k_steps=alone["k_steps"],
-                               shared_wavefronts=alone["shared_wavefronts"])
+    counted = dataclasses.replace(stage, sectors=alone["sectors"], k_steps=alone["k_steps"],
+                                  shared_wavefronts=alone["shared_wavefronts"])
+    if onchip <= 0:
+        return counted
+    return dataclasses.replace(counted, bytes=stage.bytes + onchip).read_on_chip(onchip)
 
 
 def add_souffle_decisions(report: Report, result: BuildResult, level: str, partition, program,
@@ -238,10 +238,8 @@ def add_forms(report: Report, mod, unstitched=None, stitched: list = ()) -> None
 
     for kr in report.kernels:
         if kr.primfunc in by_function:
-            # a stage of a kernel at another block size has its schedule at that size
             sk = by_function[kr.primfunc]
-            kr.form = " + ".join(dict.fromkeys(form(sk.stage_funcs.get(st.function, stages.get(st.function)))
-                                               for st in sk.stage_ids))
+            kr.form = " + ".join(dict.fromkeys(form(sk.stage_func(st.function, stages)) for st in sk.stage_ids))
         else:
             kr.form = form(funcs.get(kr.primfunc))
         kr.measured_form = timed_in_a_total(kr.form)

@@ -59,6 +59,12 @@ class StitchedKernel:
     counted_alone: list = field(default_factory=list)
 
 
+    def stage_func(self, function: str, funcs: dict):
+        """Stage PrimFunc ``function`` as this kernel runs it: its schedule at ``block`` where
+        that is not the module's, else ``funcs[function]`` (None where neither has it)."""
+        return self.stage_funcs.get(function, funcs.get(function))
+
+
 def function_runs(stage_ids: list[StageId]) -> list[list[int]]:
     """Consecutive stage entries of one call of a function (its launch regions, in order)."""
     runs: list[list[int]] = []
