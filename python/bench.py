@@ -38,7 +38,7 @@ import numpy as np
 import tvm
 
 from souffle_tvm import zoo
-from souffle_tvm.core import hardware, latency
+from souffle_tvm.cost import hardware, latency
 from souffle_tvm.stitch import prefetch
 from souffle_tvm.report import predicted, roofline
 from souffle_tvm.pipeline.driver import compile as compile_model

@@ -15,7 +15,7 @@ per-kernel rows (``kernel_rows``) bench.py keeps for tvm, v3 and v3t:
   fraction of ``gpu.dram_bandwidth``; every kernel above ``THRESHOLD`` of either is listed, and
   flagged where its form is not TVM's own (dlight): no untuned schedule runs that close to peak.
 
-All figures are ESTIMATES of the latency model (souffle_tvm/core/latency.py), not measurements.
+All figures are ESTIMATES of the latency model (souffle_tvm/cost/latency.py), not measurements.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Peaks:
 
 def peaks_for(result: dict) -> Peaks:
     sys.path.insert(0, str(ROOT))
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
 
     gpu = hardware.for_arch(result.get("target", "cuda -arch=sm_90").split("-arch=")[-1])
     return Peaks(gpu.name, gpu.fp32_flops, gpu.fp16_flops, gpu.dram_bandwidth)
@@ -52,7 +52,7 @@ def peaks_for(result: dict) -> Peaks:
 
 def _timed(form: str) -> bool:
     sys.path.insert(0, str(ROOT))
-    from souffle_tvm.core import measured
+    from souffle_tvm.cost import measured
 
     return measured.timed_in_a_total(form)
 
@@ -191,7 +191,7 @@ def markdown(result: dict, peaks: Peaks, ks: list[KernelCheck]) -> str:
     before = has_before(result)
     forms, untimed = never_timed(result)
     lines = [f"# Re-pricing and plausibility, {result.get('date', '?')}", "",
-             f"**These are ESTIMATES of the latency model (souffle_tvm/core/latency.py) for the {peaks.name}, "
+             f"**These are ESTIMATES of the latency model (souffle_tvm/cost/latency.py) for the {peaks.name}, "
              "not measurements**: no GPU ran these kernels. "
              + ("`after`: the fitted constants (`latency.FITTED`); `before`: the model before its latest terms "
                 "(`latency.BEFORE`: no sector term, global requests' sectors not priced as L2 traffic; the "

@@ -28,7 +28,7 @@ COLOURS = {"tvm": "#7f7f7f", "v0": "#c6dbef", "v1": "#6baed6", "v2": "#2171b5", 
 
 def _gpu(result: dict):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
     from souffle_tvm.report import roofline
 
     return hardware.for_arch(result["target"].split("-arch=")[-1]), roofline

@@ -1,4 +1,4 @@
-"""How far the static resource estimate (souffle_tvm/core/estimate.py) is from ptxas.
+"""How far the static resource estimate (souffle_tvm/cost/estimate.py) is from ptxas.
 
 For every small zoo model, build ``--fusion souffle --level v3`` for sm_90 with nvcc and compare,
 per stitched kernel, the estimate the partitioner grows subprograms with against the registers
@@ -15,7 +15,7 @@ import statistics
 import tvm
 
 from souffle_tvm import zoo
-from souffle_tvm.core import estimate
+from souffle_tvm.cost import estimate
 from souffle_tvm.stitch import kernel_ir
 from souffle_tvm.pipeline.driver import compile as compile_model
 

@@ -20,7 +20,7 @@ co-resident limit runs and is right; one block per SM more is refused with an er
 subprocess with a timeout, so a hang could not eat the lease); the same kernel without its
 grid sync; the same kernel built as the pass form with TVM's default TIR pipeline (no
 cooperative flag), whose entry check must trap instead of hanging. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
-against ``souffle_tvm.core.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
+against ``souffle_tvm.cost.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
 
     .venv/bin/python python/gpu_check.py prepare [--models bert mmoe] [--sizes small full]
     python3 python/gpu_check.py run --bundle gpu_bundle --out $OUT     # on the device
@@ -67,7 +67,7 @@ def prepare(args) -> int:
     import tvm
     from onnx import numpy_helper
 
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
     from souffle_tvm.pipeline.driver import compile as compile_model
 
     out = Path(args.bundle)
@@ -222,10 +222,10 @@ def pack(bundle: Path) -> Path:
 def _summary(report, gpu, cubin: str | None, mod=None) -> dict:
     """The build as the GPU run and the latency model see it: per kernel its launch, resources,
     the model's predicted time of one launch (``predicted_us``, committed before the run) and its
-    key in the measured-times database (``core.measured``; kernels of one PrimFunc each)."""
+    key in the measured-times database (``cost.measured``; kernels of one PrimFunc each)."""
     from dataclasses import asdict
 
-    from souffle_tvm.core import latency, measured
+    from souffle_tvm.cost import latency, measured
     from souffle_tvm.report import predicted
 
     funcs = {gv.name_hint: f for gv, f in mod.functions.items()} if mod is not None else {}
@@ -300,7 +300,7 @@ def _build_probes(out: Path, store) -> list[dict]:
     block, so every block reads what other blocks wrote. Grids: the co-resident limit (from
     ptxas' registers and the hardware table), one block per SM over it, and the limit again
     without the grid sync."""
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
 
     gpu = hardware.for_arch(ARCH)
     block = 1024
@@ -322,7 +322,7 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     from tvm.s_tir import dlight as dl
 
     from souffle_tvm.build import executable as build_tvm
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
     from souffle_tvm.build import ptxas as resources
     from souffle_tvm.stitch import kernel, kernel_ir, lower
     from souffle_tvm.core.targets import make_target
@@ -852,7 +852,7 @@ def tests_main(args) -> int:
 def record(args) -> int:
     """Each traced kernel's GPU time per launch (its busy time over its launches in one inference)
     under its database key, for kernels the manifest keyed; the partitioner then prefers it."""
-    from souffle_tvm.core.measured import MeasuredTimes
+    from souffle_tvm.cost.measured import MeasuredTimes
 
     manifest = json.loads((Path(args.bundle) / "manifest.json").read_text())
     result = json.loads(Path(args.result).read_text())

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from souffle_tvm.core import floors, hardware, latency  # noqa: E402
+from souffle_tvm.core import latency  # noqa: E402
+from souffle_tvm.cost import floors, hardware
 
 # label: (zoo model, its flags)
 MODELS = {"efficientnet": ("efficientnet", []), "resnext": ("resnext", []), "mmoe": ("mmoe", []),

@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT / "python"))
 import latency_fit  # noqa: E402
 
 from souffle_tvm import zoo  # noqa: E402
-from souffle_tvm.core import hardware, latency  # noqa: E402
+from souffle_tvm.core import latency  # noqa: E402
+from souffle_tvm.cost import hardware
 from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
 from souffle_tvm.report import predicted  # noqa: E402
 

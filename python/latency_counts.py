@@ -1,4 +1,4 @@
-"""Block counts (``core.tir_counts``) of the replayed plans' kernels: TVM's rebuilt today, souffle's at their commit.
+"""Block counts (``cost.tir_counts``) of the replayed plans' kernels: TVM's rebuilt today, souffle's at their commit.
 
 The replayed plans (``results/latency/plans-<commit>.json``, ``python/latency_replay.py``) were
 written by old commits that counted nothing per block, so the latency fit never saw a kernel's
@@ -69,7 +69,7 @@ def match(case: dict, report_kernels) -> tuple[dict, list[str]]:
 
 
 def _today_tir_counts():
-    """Today's ``core.tir_counts`` loaded by file path (as package ``today_core``), beside an old
+    """Today's ``cost.tir_counts`` loaded by file path (as package ``today_core``), beside an old
     tree's ``souffle_tvm`` first on ``sys.path``."""
     import importlib
     import importlib.util

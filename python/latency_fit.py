@@ -12,11 +12,11 @@ block and launches; souffle cases under ``"<id>@<commit>"``); without the file, 
 Per-kernel times, where a GPU gave them: each entry of the measured-times database
 (``results/latency/measured.json``, filled by ``python/gpu_check.py record`` from a microbench or
 gpu_check run) that carries the model's inputs of its kernel (``inputs``: the report row's
-``core.latency.ROW_INPUTS``; else found by its key in a committed
+``cost.latency.ROW_INPUTS``; else found by its key in a committed
 ``microbench-predictions-*.json``) is one more point: one launch, predicted by ``kernel_time``.
 
 Fit: least squares on log(predicted / measured), every constant bounded to its physical range
-(``souffle_tvm.core.latency.RANGES``); with per-kernel points, the totals and the kernels each
+(``souffle_tvm.cost.latency.RANGES``); with per-kernel points, the totals and the kernels each
 weigh the same in the sum (a few hundred kernels must not drown 78 totals, nor the reverse).
 Validation: leave-one-model-out (refit without each model, predict its cases), the sign and
 margin of souffle vs tvm for every measured pair, and per kernel: the error of the fit on totals
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from souffle_tvm.core import hardware, latency
+from souffle_tvm.cost import hardware, latency
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {1: "8580722", 2: "8580722", 3: "44fa44f"}
@@ -91,9 +91,9 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
 
 
 def load_kernel_points(db_path: Path | None = None, results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
-    """One point per measured kernel (``core.measured``'s database) whose model inputs are known:
+    """One point per measured kernel (``cost.measured``'s database) whose model inputs are known:
     its key, form, measured µs per launch and ``latency.Kernel``; and what was left out, why."""
-    from souffle_tvm.core.measured import MeasuredTimes
+    from souffle_tvm.cost.measured import MeasuredTimes
 
     db = MeasuredTimes.load(db_path)
     committed = {}
@@ -357,7 +357,7 @@ def scatter(v: dict, path: Path) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "latency"))
-    ap.add_argument("--db", help="the measured-times database (default: core.measured's)")
+    ap.add_argument("--db", help="the measured-times database (default: cost.measured's)")
     args = ap.parse_args(argv)
     gpu = hardware.GPUS["h200"]
     points, skipped = load_points()

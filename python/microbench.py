@@ -48,7 +48,7 @@ ARCH = gpu_check.ARCH
 DATE = "2026-12-07"
 PREDICTIONS = ROOT / "results" / "latency" / f"microbench-predictions-{DATE}.json"
 CARRY_LIMIT = gpu_check.TRAVEL_LIMIT      # what one device call carries, the working tree included
-SMS = 132                      # H200; prepare takes it from core.hardware
+SMS = 132                      # H200; prepare takes it from cost.hardware
 
 # The forms the CUDA rules can give a kernel (codegen.schedule.default_rules): ours at a stitched
 # block size, dlight's at its own. What the builds produced is compared with this list.
@@ -314,7 +314,7 @@ GRAPH_NODES = (1, 100)
 def prepare(args) -> int:
     import tvm
 
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
     from souffle_tvm.runtime import numerics, standalone
 
     out = Path(args.out)
@@ -488,7 +488,7 @@ def _build_empty(out: Path, store, name: str, grid: int, block: int, syncs: int)
 
     from souffle_tvm.build import executable as build_tvm
     from souffle_tvm.build import ptxas as resources
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
     from souffle_tvm.core.targets import make_target
     from souffle_tvm.stitch import kernel, kernel_ir, lower
 
@@ -535,8 +535,8 @@ def _build_empty(out: Path, store, name: str, grid: int, block: int, syncs: int)
 
 
 def _probe_prediction(p: dict) -> dict:
-    """The latency model's constants for what a probe measures (``core.latency.FITTED``)."""
-    from souffle_tvm.core import latency
+    """The latency model's constants for what a probe measures (``cost.latency.FITTED``)."""
+    from souffle_tvm.cost import latency
 
     c = latency.FITTED
     got = {k: getattr(c, k, None) for k in ("launch_us", "node_us", "sync_us")}

@@ -2,7 +2,7 @@
 
 For each small zoo model and build (``--fusion tvm``; Souffle v2, one kernel per group; Souffle
 v3, stitched cooperative kernels), built for CUDA (sm_90, no nvcc needed): the report's analytic
-bytes per kernel (``core.tir_stats``) beside what the kernels execute in the GPU emulator
+bytes per kernel (``cost.tir_stats``) beside what the kernels execute in the GPU emulator
 (``runtime.traffic``): distinct bytes, 32-byte sectors and sectors per warp request. The
 comparisons are ``report.counted.attach``'s (a stitched kernel per stage function). Writes
 ``results/traffic-counted-<date>/`` (``traffic.json``, ``README.md``).

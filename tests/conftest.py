@@ -57,7 +57,7 @@ def v3_builds():
 
 
 def assert_floors_hold(report) -> None:
-    """Every kernel of a CUDA report has its static floor (core/floors.py) and block counts, and
+    """Every kernel of a CUDA report has its static floor (cost/floors.py) and block counts, and
     its predicted time is not below that floor."""
     for k in report.kernels:
         assert k.block_counts is not None and k.floor_by, k.name

@@ -17,7 +17,7 @@ import bench_plausibility as bp  # noqa: E402
 
 
 def _row(name, form, launches, us, before_us, flops, bytes_, tensor_core=False, elem_bytes=4, **kw):
-    timed = form.startswith("dlight") or form == "Fallback@256"     # core/measured.py's TIMED_IN_TOTALS
+    timed = form.startswith("dlight") or form == "Fallback@256"     # cost/measured.py's TIMED_IN_TOTALS
     return dict({"name": name, "form": form, "measured_form": timed, "launches": launches,
                  "grid": 132, "threads": 256, "bytes": bytes_, "flops": flops, "tensor_core": tensor_core,
                  "elem_bytes": elem_bytes, "stitched": False, "predicted_us": us, "floor_us": us / 2,

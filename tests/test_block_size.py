@@ -10,8 +10,8 @@ from tvm import te
 
 from souffle_tvm.codegen.rules import ColumnReduction, RowReduction, StitchedMatmul, TensorCoreMatmul
 from souffle_tvm.codegen.schedule import default_rules, rule_name, schedule_group
-from souffle_tvm.core import estimate, latency
-from souffle_tvm.core.hardware import GPUS
+from souffle_tvm.cost import estimate, latency
+from souffle_tvm.cost.hardware import GPUS
 from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import ScheduleError
@@ -20,6 +20,7 @@ from souffle_tvm.partition.by_time import Timer, by_time, window_seconds
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.stitch import lower
 from conftest import needs_nvcc, require_nvcc
+from souffle_tvm.cost.work import Stage
 
 CUDA = make_target("cuda")
 H200 = GPUS["h200"]
@@ -92,13 +93,13 @@ def test_two_phase_rules_exist_at_the_partition_block_only():
 
 
 # -- the choice, on hand-made facts ------------------------------------------------------------
-def _facts(stages: list[latency.Stage], registers: int) -> GroupFacts:
+def _facts(stages: list[Stage], registers: int) -> GroupFacts:
     n = len(stages)
     return GroupFacts([None] * n, [10] * n, [[estimate.Estimate(registers, 0, False)] for _ in stages],
                       list(range(n)), [None] * n, [[s] for s in stages])
 
 
-def _timers(per_block: dict[int, list[latency.Stage]], registers: int = 64) -> dict[int, Timer]:
+def _timers(per_block: dict[int, list[Stage]], registers: int = 64) -> dict[int, Timer]:
     return {b: Timer(_facts(stages, registers), H200, latency.FITTED, block=b) for b, stages in per_block.items()}
 
 
@@ -110,7 +111,7 @@ def test_many_one_block_rows_take_smaller_blocks():
     """5000 rows of 1 KB, a block per row: at 48 registers (+ 16 for stitching) an SM holds 4
     blocks of 256 threads and 8 of 128, so at 128 the rows run in half the waves, each wave
     paying its round trip (hand count: ceil(5000 / 528) = 10 waves against ceil(5000 / 1056) = 5)."""
-    rows = [latency.Stage(5000, b, 5000 * 1024, 5000 * 256) for b in (128, 256, 512)]
+    rows = [Stage(5000, b, 5000 * 1024, 5000 * 256) for b in (128, 256, 512)]
     timers = _timers({b: [st, st] for b, st in zip((128, 256, 512), rows)}, registers=48)
     priced = _priced(timers, [set(), {0}], [0, 1])
     got = choose(priced)
@@ -122,7 +123,7 @@ def test_many_one_block_rows_take_smaller_blocks():
 
 
 def test_same_time_at_every_size_keeps_the_partitions_block():
-    one = latency.Stage(1, 256, 4096, 4096)
+    one = Stage(1, 256, 4096, 4096)
     timers = _timers({b: [one, one] for b in (128, 256, 512)})
     assert choose(_priced(timers, [set(), {0}], [0, 1])) is None
     # a gain under MIN_GAIN keeps it too; where the partition's size cannot stitch it, any size does
@@ -141,7 +142,7 @@ def test_fastest_prices_each_window_as_choose_takes_it():
 
 def test_a_size_whose_registers_fit_no_block_is_not_chosen():
     # 200 registers x 512 threads is more than an SM's 65536: no block of 512 is co-resident
-    rows = latency.Stage(5000, 512, 5000 * 1024, 0)
+    rows = Stage(5000, 512, 5000 * 1024, 0)
     timers = {b: Timer(_facts([rows, rows], 200 if b == 512 else 40), H200, latency.FITTED, block=b)
               for b in (256, 512)}
     assert window_seconds(timers[512], [set(), {0}], [0, 1]) is None
@@ -152,7 +153,7 @@ def test_the_time_partitioner_stitches_where_another_size_makes_it_pay():
     """Two dependent stages of 20,000 one-block rows at 72 registers: at 256 threads (3 blocks
     an SM) the stitched kernel's waves cost more than a graph node saves, at 128 (6 an SM) less.
     Priced at 256 only, the partition keeps them apart; priced at every size, it stitches."""
-    stages = {b: [latency.Stage(20000, b, 20000 * 512, 20000 * 128)] * 2 for b in (128, 256)}
+    stages = {b: [Stage(20000, b, 20000 * 512, 20000 * 128)] * 2 for b in (128, 256)}
     timers = _timers(stages, registers=56)
     groups = [SimpleNamespace(opaque=None, members=[], name=f"g{i}") for i in range(2)]
     readers = {}
@@ -213,7 +214,6 @@ def stitched_512():
     finally:
         feedback.over_budget = real
     return compiled, rounds
-
 
 
 def test_a_stitched_kernel_takes_the_size_the_model_predicts_faster_unless_ptxas_overrules(stitched_512):

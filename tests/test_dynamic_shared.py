@@ -14,7 +14,7 @@ from tvm import s_tir, te
 
 from conftest import needs_nvcc
 from souffle_tvm.build import executable, ptxas
-from souffle_tvm.core import estimate, hardware
+from souffle_tvm.cost import estimate, hardware
 from souffle_tvm.core.geometry import STATIC_SHARED_LIMIT
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.partition import subprograms

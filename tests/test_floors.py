@@ -1,5 +1,5 @@
-"""Static floors on GPU time (core/floors.py), the block counts they read from lowered TIR
-(core/tir_counts.py), and the latency model held above them."""
+"""Static floors on GPU time (cost/floors.py), the block counts they read from lowered TIR
+(cost/tir_counts.py), and the latency model held above them."""
 
 import dataclasses
 import json
@@ -11,8 +11,9 @@ from tvm.script import tirx as T
 
 from conftest import assert_floors_hold, needs_nvcc
 from souffle_tvm.codegen import schedule
-from souffle_tvm.core import floors, hardware, latency, measured, tir_counts
+from souffle_tvm.cost import floors, hardware, latency, measured, tir_counts
 from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.cost.work import BlockCounts, Stage, BARRIER_CYCLES
 
 H200 = hardware.for_arch("sm_90")
 
@@ -134,8 +135,8 @@ def test_global_sectors_are_counted_per_warp_request_by_hand():
     got = floors.block_floors(H200, grid=4, slots=264, counts=c)
     assert got["l1"] == pytest.approx(249 / 4 / 1.98e9)
     # a lane per row costs eight coalesced loads' L1 cycles
-    row = floors.BlockCounts(threads=256, global_requests=8, global_sectors=8 * 32)
-    coalesced = floors.BlockCounts(threads=256, global_requests=8, global_sectors=8 * 4)
+    row = BlockCounts(threads=256, global_requests=8, global_sectors=8 * 32)
+    coalesced = BlockCounts(threads=256, global_requests=8, global_sectors=8 * 4)
     assert floors.block_floors(H200, 132, 264, row)["l1"] == pytest.approx(
         8 * floors.block_floors(H200, 132, 264, coalesced)["l1"])
 
@@ -169,8 +170,8 @@ def test_a_grid_stride_trip_counts_at_the_last_block_and_a_register_prefetch_is_
     # block 0 runs (10 + 3) // 4 = 3 trips: the busiest block, which the kernel cannot end before
     assert (c.busiest.pipelined_steps, c.busiest.shared_wavefronts) == (12, 3 * 4 * 4 * 0.75)
     one_wave = floors.block_floors(H200, grid=4, slots=264, counts=c)
-    assert one_wave["k_chain"] == pytest.approx((12 * floors.BARRIER_CYCLES + 36) / 1.98e9)
-    assert floors.BlockCounts.from_dict(c.as_dict()) == c
+    assert one_wave["k_chain"] == pytest.approx((12 * BARRIER_CYCLES + 36) / 1.98e9)
+    assert BlockCounts.from_dict(c.as_dict()) == c
 
 
 def test_the_one_by_one_convolution_floors():
@@ -178,7 +179,7 @@ def test_the_one_by_one_convolution_floors():
     blocks of 16 warps, 2 on the busiest SM, 64 K steps, one ld.shared.v2 wavefront a k per warp:
     16.5 us of shared memory on the SM; one block alone waits 64 loads (6.5 us) and does its own
     8.3 us of shared reads between them; 3.1 us of arithmetic."""
-    counts = floors.BlockCounts(threads=512, shared_wavefronts=16 * 1024, k_steps=64)
+    counts = BlockCounts(threads=512, shared_wavefronts=16 * 1024, k_steps=64)
     got = floors.block_floors(H200, grid=208, slots=264, counts=counts)
     assert got["shared"] == pytest.approx(2 * 16 * 1024 / 1.98e9)
     assert got["k_chain"] == pytest.approx((64 * floors.LOAD_LATENCY_CYCLES + 16 * 1024) / 1.98e9)
@@ -190,7 +191,7 @@ def test_the_one_by_one_convolution_floors():
 
 
 def _kernel(counts=None, flops=1000, tiles=132, tensor_core=False):
-    st = latency.Stage(tiles, 256, 4096 * tiles, flops * tiles, tensor_core)
+    st = Stage(tiles, 256, 4096 * tiles, flops * tiles, tensor_core)
     return latency.Kernel("k", tiles, 256, 32, 0, (st,), counts=counts)
 
 
@@ -198,7 +199,7 @@ def test_a_prediction_below_its_floor_is_raised_to_it():
     """What the fitted terms give a kernel of little traffic and arithmetic is far below what its
     counted shared-memory wavefronts need: the model answers the floor, and says which."""
     loose = latency.kernel_time(H200, latency.FITTED, _kernel())
-    counts = floors.BlockCounts(threads=256, shared_wavefronts=1e6)
+    counts = BlockCounts(threads=256, shared_wavefronts=1e6)
     tight = latency.kernel_time(H200, latency.FITTED, _kernel(counts))
     assert loose.seconds < 1e-6 * 5
     assert tight.floor_by == "shared" and tight.floor == pytest.approx(1e6 / 1.98e9)
@@ -207,7 +208,7 @@ def test_a_prediction_below_its_floor_is_raised_to_it():
 
 def test_a_stage_is_never_below_its_floor_on_the_busiest_sm():
     """133 tiles on 132 SMs: one SM runs two tiles' arithmetic at its share of the peak."""
-    st = latency.Stage(133, 256, 1, 10**10)
+    st = Stage(133, 256, 1, 10**10)
     t = latency.stage_time(H200, latency.FITTED, st, 264)
     per_sm = H200.fp32_flops / H200.sms
     assert t.floor == pytest.approx(2 * 10**10 / 133 / per_sm)
@@ -215,8 +216,8 @@ def test_a_stage_is_never_below_its_floor_on_the_busiest_sm():
 
 
 def test_a_stitched_kernel_floor_is_its_stages_in_sequence():
-    a = latency.Stage(132, 256, 0, 10**9)
-    b = latency.Stage(132, 256, 0, 3 * 10**9, tensor_core=True)
+    a = Stage(132, 256, 0, 10**9)
+    b = Stage(132, 256, 0, 3 * 10**9, tensor_core=True)
     k = latency.Kernel("s", 132, 256, 32, 0, (a, b), grid_syncs=1)
     t = latency.kernel_time(H200, latency.FITTED, k)
     assert t.floor_by == "stages"
@@ -227,7 +228,7 @@ def test_a_stitched_kernel_floor_is_its_stages_in_sequence():
 def test_a_stitched_kernel_waits_at_least_an_l2_round_trip_per_grid_sync():
     """The LSTM layer kernel's shape: 97 grid syncs between stages of little work, whose own floors
     are far below the syncs'; the syncs alone put the floor above 97 L2 round trips."""
-    tiny = latency.Stage(64, 256, 4096, 10**4)
+    tiny = Stage(64, 256, 4096, 10**4)
     k = latency.Kernel("layer", 64, 256, 40, 0, (tiny,) * 98, grid_syncs=97)
     t = latency.kernel_time(H200, latency.FITTED, k)
     syncs = 97 * floors.GRID_SYNC_CYCLES / H200.clock_hz
@@ -239,10 +240,10 @@ def test_uncoalesced_sectors_are_priced_as_l2_traffic():
     """The same bytes, a lane per row: 8x a coalesced fp32 load's sectors cross from L2 (the BERT
     attention kernel's shape of 2026-11-29, 792 blocks of 152340 sectors); the sector term binds,
     above the L1 floor that assumes every sector hits L1, and is off in ``BEFORE``."""
-    coalesced = floors.BlockCounts(threads=256, global_requests=4761, global_sectors=4761 * 4)
+    coalesced = BlockCounts(threads=256, global_requests=4761, global_sectors=4761 * 4)
     scattered = dataclasses.replace(coalesced, global_sectors=4761 * 32)
     def kernel(counts):
-        st = latency.Stage(792, 256, 18_284_546, 470_679_552)
+        st = Stage(792, 256, 18_284_546, 470_679_552)
         return latency.Kernel("attention", 792, 256, 34, 0, (st,), counts=counts)
     fast, slow = (latency.kernel_time(H200, latency.FITTED, kernel(c)) for c in (coalesced, scattered))
     moved = 792 * 4761 * 32 * 32
@@ -251,12 +252,12 @@ def test_uncoalesced_sectors_are_priced_as_l2_traffic():
     assert fast.seconds < slow.seconds / 5
     assert latency.kernel_time(H200, latency.BEFORE, kernel(scattered)).seconds < slow.seconds / 3
     # 18 blocks move their sectors through 18 SMs' share of L2's bandwidth, not all of it
-    few = latency.Kernel("gemv", 18, 256, 34, 0, (latency.Stage(18, 256, 8 << 20, 0),), counts=scattered)
+    few = latency.Kernel("gemv", 18, 256, 34, 0, (Stage(18, 256, 8 << 20, 0),), counts=scattered)
     assert latency.sector_seconds(H200, latency.FITTED, few) == pytest.approx(
         18 * 4761 * 32 * 32 / (6e12 * 18 / 132))
     # a footprint that fits in the L1 beside the blocks' shared memory is fetched once per active
     # SM; re-reads hit L1
-    small = dataclasses.replace(few, stages=(latency.Stage(18, 256, 64 << 10, 0),))
+    small = dataclasses.replace(few, stages=(Stage(18, 256, 64 << 10, 0),))
     assert latency.sector_seconds(H200, latency.FITTED, small) == pytest.approx(18 * (64 << 10) / (6e12 * 18 / 132))
 
 
@@ -264,8 +265,8 @@ def test_sectors_counted_before_building_price_a_stage_like_its_kernel():
     """The partitioner prices stages before their kernels exist (``Stage.sectors``, from the
     counts of the group built alone): a lane-per-row stage costs what the same kernel with
     those counts costs; coalesced, an eighth of it; without counted sectors, its bytes alone."""
-    st = latency.Stage(792, 256, 18_284_546, 470_679_552, sectors=4761 * 32)
-    counts = floors.BlockCounts(threads=256, global_requests=4761, global_sectors=4761 * 32)
+    st = Stage(792, 256, 18_284_546, 470_679_552, sectors=4761 * 32)
+    counts = BlockCounts(threads=256, global_requests=4761, global_sectors=4761 * 32)
     alone = latency.stage_time(H200, latency.FITTED, st, slots=792)
     kernel = latency.kernel_time(H200, latency.FITTED, latency.Kernel("k", 792, 256, 34, 0,
                                                                        (dataclasses.replace(st, sectors=0.0),), counts=counts))
@@ -290,7 +291,6 @@ def test_report_rows_carry_counts_and_floors():
     assert t.floor == pytest.approx((64 * 200 + 16384 + block) / 1.98e9) and t.seconds >= t.floor
     assert t.floor > 2 * 16384 / 1.98e9
     assert math.isfinite(t.seconds)
-
 
 
 @needs_nvcc
@@ -366,13 +366,13 @@ def test_the_review_1x1_convolution_is_priced_within_its_floors(tmp_path):
     for k in (ours, theirs):
         assert k.block_counts["k_steps"] == 64 and k.floor_by == "k_chain"
         assert k.floor_us * 1e-6 >= 64 * floors.LOAD_LATENCY_CYCLES / H200.clock_hz
-    chain = floors.BlockCounts.from_dict(ours.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
+    chain = BlockCounts.from_dict(ours.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
     assert ours.predicted_us * 1e-6 >= chain / H200.clock_hz
     assert theirs.predicted_us / ours.predicted_us <= theirs.predicted_us / ours.floor_us
     # the default's K tile: 16 steps of 64, each still priced at the fitted step cost
     (chosen,) = compile_model(path, "cuda", "souffle").report.kernels
     # (the block size, 256 or 512 threads, is the fitted constants' choice)
     assert re.fullmatch(r"StitchedMatmul@(256|512)/k64", chosen.form) and chosen.block_counts["k_steps"] == 16
-    chain = floors.BlockCounts.from_dict(chosen.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
+    chain = BlockCounts.from_dict(chosen.block_counts).chain_cycles(latency.FITTED.kstep_cycles)
     assert chosen.floor_us <= chosen.predicted_us and chosen.predicted_us * 1e-6 >= chain / H200.clock_hz
     assert chosen.predicted_us < ours.predicted_us

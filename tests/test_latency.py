@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from souffle_tvm.core import latency
-from souffle_tvm.core.hardware import GPUS
+from souffle_tvm.cost import latency
+from souffle_tvm.cost.hardware import GPUS
+from souffle_tvm.cost.work import Stage
 
 H200 = GPUS["h200"]
 C = latency.Constants(launch_us=5.0, node_us=1.5, sync_us=2.0, mem_efficiency=0.7, warp_gbps=2.0,
@@ -17,36 +18,36 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_waves_and_tail():
     # 264 tiles fill two waves of 132 slots exactly; 133 leave 131 of 132 slots idle in the second
-    full = latency.stage_time(H200, C, latency.Stage(264, 256, 264 * 1024, 0), slots=132)
+    full = latency.stage_time(H200, C, Stage(264, 256, 264 * 1024, 0), slots=132)
     assert (full.waves, full.tail) == (2, 0.0)
-    tail = latency.stage_time(H200, C, latency.Stage(133, 256, 133 * 1024, 0), slots=132)
+    tail = latency.stage_time(H200, C, Stage(133, 256, 133 * 1024, 0), slots=132)
     assert tail.waves == 2 and tail.tail == pytest.approx(131 / 132)
     # the lone tile of the second wave loads 1 KiB at 8 warps' bandwidth (1 KiB / (8 x 2 GB/s)
     # = 0.064 us), but a wave takes at least one round trip: latency_us
-    one_wave = latency.stage_time(H200, C, latency.Stage(132, 256, 132 * 1024, 0), slots=132)
+    one_wave = latency.stage_time(H200, C, Stage(132, 256, 132 * 1024, 0), slots=132)
     assert one_wave.seconds == pytest.approx(0.3e-6)
     assert tail.seconds == pytest.approx(one_wave.seconds + 0.3e-6)
     # waves that load more than a round trip's worth take their bandwidth time: 64 KiB a tile at
     # 8 warps x 2 GB/s each, 4.1 us a wave
-    big = latency.stage_time(H200, C, latency.Stage(133, 256, 133 * 64 * 1024, 0), slots=132)
+    big = latency.stage_time(H200, C, Stage(133, 256, 133 * 64 * 1024, 0), slots=132)
     assert big.seconds == pytest.approx(2 * 64 * 1024 / (8 * 2e9))
 
 
 def test_a_tile_loads_at_most_the_whole_footprint():
     # a 64x64 output tile of a K=1024 GEMM re-reads 2 x 64 x 1024 operand elements (from L2)...
-    gemm = latency.Stage(16, 256, 3 * 256 * 1024 * 4, 2 * 256 * 256 * 1024, written_bytes=256 * 256 * 4)
+    gemm = Stage(16, 256, 3 * 256 * 1024 * 4, 2 * 256 * 256 * 1024, written_bytes=256 * 256 * 4)
     assert gemm.tile_loads() == pytest.approx(2 * 64 * 1024 * 4)
     # ...but one tile holding the whole output stages each operand element once: its footprint
-    gemv = latency.Stage(1, 256, 4736, 131072, written_bytes=512)
+    gemv = Stage(1, 256, 4736, 131072, written_bytes=512)
     assert gemv.tile_loads() == 4736
 
 
 def test_latency_hiding_bounds_bandwidth():
     # 132 one-warp tiles: 132 warps x 2 GB/s = 264 GB/s, far under 0.7 x 4.8 TB/s
-    st = latency.stage_time(H200, C, latency.Stage(132, 32, 10**8, 0), slots=132)
+    st = latency.stage_time(H200, C, Stage(132, 32, 10**8, 0), slots=132)
     assert st.memory_s == pytest.approx(10**8 / (132 * 2e9))
     # 1056 tiles of 8 warps on 1056 slots: 8448 warps would pull 16.9 TB/s: DRAM bounds it
-    st = latency.stage_time(H200, C, latency.Stage(1056, 256, 10**8, 0), slots=1056)
+    st = latency.stage_time(H200, C, Stage(1056, 256, 10**8, 0), slots=1056)
     assert st.memory_s == pytest.approx(10**8 / (0.7 * 4.8e12))
 
 
@@ -54,35 +55,35 @@ def test_the_l2_residency_bound_streams_at_l2s_rate_and_never_slows():
     from dataclasses import replace
     bound = replace(C, l2_resident=True)
     # the DRAM-bound stage above streams at L2's sustained rate instead: 0.5 x 12 TB/s
-    st = latency.stage_time(H200, bound, latency.Stage(1056, 256, 10**8, 0), slots=1056)
+    st = latency.stage_time(H200, bound, Stage(1056, 256, 10**8, 0), slots=1056)
     assert st.memory_s == pytest.approx(10**8 / (0.5 * H200.l2_bandwidth))
     # the warps bound the latency-hidden one first: unchanged
-    few = latency.Stage(132, 32, 10**8, 0)
+    few = Stage(132, 32, 10**8, 0)
     assert latency.stage_time(H200, bound, few, 132) == latency.stage_time(H200, C, few, 132)
     # and the arithmetic's latency hiding still counts the warps it takes to saturate DRAM
-    mixed = latency.Stage(132, 128, 10**6, 10**11)
+    mixed = Stage(132, 128, 10**6, 10**11)
     assert latency.stage_time(H200, bound, mixed, 132).compute_s == latency.stage_time(H200, C, mixed, 132).compute_s
 
 
 def test_compute_uses_active_sms_and_tensor_cores():
     flops = 10**12
     # 32 warps per SM hide latency fully (C saturates an SM's DRAM share with 12.7 warps)
-    simt = latency.stage_time(H200, C, latency.Stage(132, 1024, 0, flops), slots=132)
+    simt = latency.stage_time(H200, C, Stage(132, 1024, 0, flops), slots=132)
     assert simt.compute_s == pytest.approx(flops / (0.5 * H200.fp32_flops))
-    tc = latency.stage_time(H200, C, latency.Stage(132, 1024, 0, flops, tensor_core=True), slots=132)
+    tc = latency.stage_time(H200, C, Stage(132, 1024, 0, flops, tensor_core=True), slots=132)
     assert tc.compute_s == pytest.approx(flops / (0.5 * H200.fp16_flops))
     # 66 tiles keep half the SMs busy: half the peak
-    half = latency.stage_time(H200, C, latency.Stage(66, 1024, 0, flops), slots=132)
+    half = latency.stage_time(H200, C, Stage(66, 1024, 0, flops), slots=132)
     assert half.compute_s == pytest.approx(2 * simt.compute_s)
     # 8 warps per SM: 8 / 12.7 of the pipes' latency hidden
-    few = latency.stage_time(H200, C, latency.Stage(132, 256, 0, flops), slots=132)
+    few = latency.stage_time(H200, C, Stage(132, 256, 0, flops), slots=132)
     saturating = 0.7 * 4.8e12 / 132 / 2e9
     assert few.compute_s == pytest.approx(simt.compute_s * saturating / 8)
 
 
 def test_occupancy_of_the_worst_stage_sets_the_slots():
     # 255 registers x 256 threads: 8 warps of 8192 registers fill the 64K register file: 1 block/SM
-    stages = (latency.Stage(1000, 256, 10**6, 0),)
+    stages = (Stage(1000, 256, 10**6, 0),)
     hungry = latency.Kernel("k", 1000, 256, 255, 0, stages)
     lean = latency.Kernel("k", 1000, 256, 32, 0, stages)
     assert latency.resident_blocks(H200, hungry) == (1, 132)
@@ -97,14 +98,14 @@ def test_syncs_launches_and_graphs():
     plain = latency.predict(H200, C, [tiny], graphs=False)
     assert graph.seconds == pytest.approx(10 * (t + 1.5e-6))
     assert plain.seconds == pytest.approx(5e-6 + 10 * 5e-6)      # host-bound: launch_us each
-    stitched = latency.Kernel("s", 132, 256, 32, 0, (latency.Stage(132, 256, 4, 0),) * 3, grid_syncs=2)
+    stitched = latency.Kernel("s", 132, 256, 32, 0, (Stage(132, 256, 4, 0),) * 3, grid_syncs=2)
     kt = latency.kernel_time(H200, C, stitched)
     assert kt.sync_s == pytest.approx(4e-6)
     # a stitched stage of three waves: two grid-stride restarts of tile_us each
-    waves = latency.Kernel("w", 132, 256, 32, 0, (latency.Stage(396, 256, 396, 0),) * 2, grid_syncs=1)
-    alone = latency.Kernel("a", 396, 256, 32, 0, (latency.Stage(396, 256, 396, 0),))
+    waves = latency.Kernel("w", 132, 256, 32, 0, (Stage(396, 256, 396, 0),) * 2, grid_syncs=1)
+    alone = latency.Kernel("a", 396, 256, 32, 0, (Stage(396, 256, 396, 0),))
     assert latency.kernel_time(H200, C, waves).stages[0].seconds == pytest.approx(
-        latency.stage_time(H200, C, latency.Stage(396, 256, 396, 0), 132).seconds + 2 * C.tile_us * 1e-6)
+        latency.stage_time(H200, C, Stage(396, 256, 396, 0), 132).seconds + 2 * C.tile_us * 1e-6)
     assert latency.kernel_time(H200, C, alone).stages[0].waves == 1     # 8 blocks per SM: one wave
     # TVM's rewriting: 2 replays hold 8 launches, 2 launches stay outside
     part = latency.Kernel(tiny.name, 1, 32, 16, 0, tiny.stages, 0, 10, uncaptured=2)

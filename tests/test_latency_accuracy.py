@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from souffle_tvm.core import hardware, latency
+from souffle_tvm.cost import hardware, latency
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "souffle_tvm"
 LAYERS = [
     ("errors",),
     ("core", "zoo"),
+    ("cost",),
     ("frontend",),
     ("te",),
     ("transforms",),

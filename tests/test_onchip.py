@@ -167,7 +167,7 @@ def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
     each read the GEMM's whole output on chip when stitched with the GEMM, as the stitcher finds
     it; a window holding the GEMM prices them no higher than one that does not, lower where the
     bytes matter to the model."""
-    from souffle_tvm.core import hardware, latency
+    from souffle_tvm.cost import hardware, latency
     from souffle_tvm.partition import by_time
     from souffle_tvm.pipeline import policies
 

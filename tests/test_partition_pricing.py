@@ -1,4 +1,4 @@
-"""The time partitioner prices a group from what a block of its kernel executes (``core.tir_counts``)
+"""The time partitioner prices a group from what a block of its kernel executes (``cost.tir_counts``)
 in the form it will be built in: alone, or as a stage of a stitched kernel (TVM's pipeline
 places the barriers in both). Without the counts a GEMV whose K loop waits at a barrier every step was
 priced by its bytes alone (2 us) and chosen, and the report then priced the built kernel by its
@@ -72,7 +72,7 @@ def test_a_gemv_k_loop_waits_alone_but_not_stitched():
     assert [w.k_steps for w in alone] == [8]
     assert [w.k_steps for w in stitched] == [0]
     # and the price follows: alone it waits 8 steps at the fitted step cost
-    from souffle_tvm.core import estimate, hardware, latency
+    from souffle_tvm.cost import estimate, hardware, latency
     from souffle_tvm.partition import by_time
     gpu = hardware.for_arch("sm_90")
     est = [estimate.stage(st.body) for st in lowered]
@@ -87,7 +87,7 @@ def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
     block barrier, not a grid sync (``GroupFacts.local_producers``)."""
     import dataclasses
 
-    from souffle_tvm.core import hardware, latency
+    from souffle_tvm.cost import hardware, latency
     from souffle_tvm.frontend.importer import import_onnx
     from souffle_tvm.partition import by_time
     from souffle_tvm.partition.groups import readers_of

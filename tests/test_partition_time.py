@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from souffle_tvm.core import estimate, latency
-from souffle_tvm.core.hardware import GPUS
+from souffle_tvm.cost import estimate, latency
+from souffle_tvm.cost.hardware import GPUS
 from souffle_tvm.partition.by_time import by_time
 from souffle_tvm.partition.subprograms import GroupFacts
+from souffle_tvm.cost.work import Stage
 
 H200 = GPUS["h200"]
 # Hand-picked, not the fit: syncs clearly cheaper than graph nodes (the fit has them the other
@@ -23,7 +24,7 @@ def _groups(n):
 
 
 def _facts(stages, regs):
-    """One lowered stage per group: ``stages[i]`` its latency.Stage, ``regs[i]`` its registers."""
+    """One lowered stage per group: ``stages[i]`` its Stage, ``regs[i]`` its registers."""
     n = len(stages)
     return GroupFacts([None] * n, [10] * n, [[estimate.Estimate(r, 0, False)] for r in regs],
                       list(range(n)), [None] * n, [[s] for s in stages])
@@ -31,7 +32,7 @@ def _facts(stages, regs):
 
 def test_small_stages_stitch_into_one_kernel():
     # an LSTM-like chain: 40 one-tile GEMVs, each far shorter than a graph node
-    stages = [latency.Stage(4, 256, 64 * 1024, 128 * 1024) for _ in range(40)]
+    stages = [Stage(4, 256, 64 * 1024, 128 * 1024) for _ in range(40)]
     subs = by_time(_groups(40), _facts(stages, [40] * 40), H200, {}, constants=C)
     assert [idx for idx, _ in subs] == [list(range(40))]
     assert subs[0][1] == "end of model"
@@ -40,9 +41,9 @@ def test_small_stages_stitch_into_one_kernel():
 def test_register_hungry_gemm_is_cut_off_a_bandwidth_bound_stage():
     # a memory-bound stage of 20000 tiles wants 8 blocks per SM; stitched with a 255-register
     # GEMM it would run at that GEMM's single block per SM
-    stream = latency.Stage(20000, 256, 256 * 2**20, 0)
-    gemm = latency.Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
-    small = latency.Stage(1, 256, 4096, 4096)
+    stream = Stage(20000, 256, 256 * 2**20, 0)
+    gemm = Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
+    small = Stage(1, 256, 4096, 4096)
     subs = by_time(_groups(4), _facts([small, stream, gemm, small], [40, 40, 200, 40]), H200, {}, constants=C)
     kernels = [idx for idx, _ in subs]
     assert not any(1 in idx and 2 in idx for idx in kernels), kernels
@@ -51,7 +52,7 @@ def test_register_hungry_gemm_is_cut_off_a_bandwidth_bound_stage():
 
 
 def test_forced_cuts_and_unstitchable_groups_are_kept():
-    stages = [latency.Stage(1, 256, 4096, 4096) for _ in range(6)]
+    stages = [Stage(1, 256, 4096, 4096) for _ in range(6)]
     facts = _facts(stages, [40] * 6)
     facts.unstitchable[3] = "its schedule uses 512 threads per block, the stitched kernel 256"
     subs = by_time(_groups(6), facts, H200, {}, forced={1: "ptxas feedback: spills; split after g1"}, constants=C)
@@ -63,7 +64,7 @@ def test_forced_cuts_and_unstitchable_groups_are_kept():
 
 def test_partition_minimises_predicted_time():
     # the chosen partition is never predicted slower than all-separate or all-stitched
-    stages = [latency.Stage(t, 256, b, f) for t, b, f in
+    stages = [Stage(t, 256, b, f) for t, b, f in
               [(1, 4096, 10**4), (2000, 2**26, 10**6), (3, 10**5, 10**8), (1, 4096, 10**4), (800, 2**24, 10**9)]]
     regs = [40, 32, 200, 40, 120]
     facts = _facts(stages, regs)
@@ -127,11 +128,11 @@ def test_the_default_keeps_the_build_predicted_faster():
 
 
 def test_a_measured_time_moves_a_boundary(tmp_path):
-    from souffle_tvm.core.measured import MeasuredTimes
+    from souffle_tvm.cost.measured import MeasuredTimes
 
-    stream = latency.Stage(20000, 256, 256 * 2**20, 0)
-    gemm = latency.Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
-    small = latency.Stage(1, 256, 4096, 4096)
+    stream = Stage(20000, 256, 256 * 2**20, 0)
+    gemm = Stage(512, 256, 8 * 2**20, 2 * 10**10, written_bytes=4 * 2**20)
+    small = Stage(1, 256, 4096, 4096)
     facts = _facts([small, stream, gemm, small], [40, 40, 200, 40])
     facts.kernel_keys = ["k0", "k-stream", "k-gemm", "k3"]
     before = [idx for idx, _ in by_time(_groups(4), facts, H200, {}, constants=C)]
@@ -147,7 +148,7 @@ def test_a_measured_time_moves_a_boundary(tmp_path):
 
 def test_group_keys_match_the_built_kernels():
     """The key the partitioner asks for is the key of the kernel the build launches."""
-    from souffle_tvm.core import measured
+    from souffle_tvm.cost import measured
     from souffle_tvm.core.targets import make_target
     from souffle_tvm.frontend.importer import import_onnx
     from souffle_tvm.pipeline import policies, results
@@ -176,7 +177,7 @@ def test_the_sweep_prices_every_window_as_growing_it_does(constants):
     rng = random.Random(7)
     for _ in range(120):
         n = rng.randint(1, 28)
-        stages = [latency.Stage(rng.choice([1, 3, 40, 132, 396, 2000, 20000]), 256,
+        stages = [Stage(rng.choice([1, 3, 40, 132, 396, 2000, 20000]), 256,
                                 rng.choice([4096, 10**5, 10**7, 2**27]), rng.choice([0, 10**4, 10**8, 10**10]),
                                 rng.random() < 0.2, rng.choice([0, 4096, 10**6]))
                   for _ in range(n)]

@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_tvm.pipeline import driver as api
-from souffle_tvm.core import hardware
+from souffle_tvm.cost import hardware
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import prefetch

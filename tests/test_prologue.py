@@ -9,7 +9,7 @@ from tvm import te
 
 from conftest import race_checked_in_orders
 from souffle_tvm import compile as souffle_compile
-from souffle_tvm.core import tir_stats
+from souffle_tvm.cost import tir_stats
 from souffle_tvm.core.ir_names import FORM_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx

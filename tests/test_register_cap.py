@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 from souffle_tvm.build import ptxas
 from souffle_tvm.build.cooperative import COOPERATIVE_TIR_PIPELINE
-from souffle_tvm.core.hardware import GPUS, occupancy
+from souffle_tvm.cost.hardware import GPUS, occupancy
 from souffle_tvm.core.ir_names import MIN_BLOCKS_ATTR
 from souffle_tvm.errors import StitchError
 from souffle_tvm.pipeline import feedback

@@ -7,8 +7,8 @@ import pytest
 import tvm
 from tvm import tirx
 
-from souffle_tvm.core import hardware
-from souffle_tvm.core.estimate import Estimate
+from souffle_tvm.cost import hardware
+from souffle_tvm.cost.estimate import Estimate
 from souffle_tvm.partition import subprograms
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.pipeline import results as pipeline

@@ -2,7 +2,7 @@
 
 import pytest
 
-from souffle_tvm.core import hardware
+from souffle_tvm.cost import hardware
 from souffle_tvm.report import roofline
 from souffle_tvm.report.schema import KernelReport, Report
 

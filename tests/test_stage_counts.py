@@ -7,13 +7,14 @@ import dataclasses
 
 import pytest
 
-from souffle_tvm.core import floors, latency
+from souffle_tvm.cost import latency
 from souffle_tvm.core.geometry import STITCH_BLOCK
-from souffle_tvm.core.hardware import GPUS
+from souffle_tvm.cost.hardware import GPUS
 from souffle_tvm.pipeline import driver, feedback
 from souffle_tvm.pipeline.register_caps import graph_seconds
 from souffle_tvm.report.assemble import with_stitched_facts
 from conftest import needs_nvcc
+from souffle_tvm.cost.work import BlockCounts, Stage
 
 H200 = GPUS["h200"]
 
@@ -22,9 +23,9 @@ def test_the_busiest_blocks_sectors_cross_its_one_sm():
     """A 132-block kernel whose block 0 alone moves 93,187 sectors (small ResNeXt's stitched
     kernel: a matrix-vector stage of two tiles): those cross one SM's share of L2's bandwidth,
     not all of it."""
-    busiest = floors.BlockCounts(threads=256, global_requests=10734, global_sectors=93187)
-    counts = floors.BlockCounts(threads=256, global_requests=4, global_sectors=7, busiest=busiest)
-    k = latency.Kernel("k", 132, 256, 170, 8324, (latency.Stage(132, 256, 1 << 20, 10**6),) * 2, 1,
+    busiest = BlockCounts(threads=256, global_requests=10734, global_sectors=93187)
+    counts = BlockCounts(threads=256, global_requests=4, global_sectors=7, busiest=busiest)
+    k = latency.Kernel("k", 132, 256, 170, 8324, (Stage(132, 256, 1 << 20, 10**6),) * 2, 1,
                        counts=counts)
     one_sm = 93187 * 32 / (12e12 * 0.5 / 132)
     assert latency.sector_seconds(H200, latency.FITTED, k) == pytest.approx(one_sm)

@@ -7,7 +7,7 @@ import pytest
 from tvm import tirx
 
 from conftest import needs_nvcc, run_and_compare, zoo_but_slow
-from souffle_tvm.core import hardware
+from souffle_tvm.cost import hardware
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import check as stitch_check, kernel_ir, lower

@@ -17,7 +17,7 @@ from tvm.script import tirx as T
 
 from conftest import ZOO
 from souffle_tvm.build import executable
-from souffle_tvm.core import tir_stats
+from souffle_tvm.cost import tir_stats
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.report import assemble
 from souffle_tvm.report import counted as counted_report

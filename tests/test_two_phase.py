@@ -200,7 +200,7 @@ def test_gemm_tiles_over_48kb_go_to_dynamic_shared_memory():
 
 
 def test_occupancy_counts_dynamic_shared_memory_and_its_opt_in_limit():
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
 
     h = hardware.GPUS["h200"]
     # 66944 B + 1 KB reserved per block: 233472 // 67968 = 3 blocks by shared memory
@@ -210,7 +210,7 @@ def test_occupancy_counts_dynamic_shared_memory_and_its_opt_in_limit():
 
 @needs_nvcc
 def test_stitched_kernel_with_dynamic_shared_memory_compiles_and_fits():
-    from souffle_tvm.core import hardware
+    from souffle_tvm.cost import hardware
 
     c = compile_model(gemm_then("layernorm"), "cuda", "souffle", level="v3", gemm_k_tile=128, gemm_tile=64)
     (k,) = c.report.kernels

@@ -17,7 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
 from ..stitch.lower import in_launch_form, launch_form
 

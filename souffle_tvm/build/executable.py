@@ -35,10 +35,11 @@ from .param_names import distinct_param_names
 from ..codegen.database import register_tensor_intrinsics
 from ..codegen.rules import NothingToWrite
 from ..codegen.schedule import host_loops
-from ..core import tir_counts, tir_stats
-from ..core.floors import BlockCounts
+from ..cost import tir_counts, tir_stats
+
 from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
+from ..cost.work import BlockCounts
 
 
 @dataclass
@@ -146,7 +147,7 @@ def _recording_pipeline():
 
 def device_counts(func: tirx.PrimFunc, target: tvm.target.Target) -> list[BlockCounts]:
     """What one block of each device kernel of a scheduled PrimFunc executes when it is built as
-    a kernel of its own (``core.tir_counts``), in launch order: TVM's s_tir pipeline decides
+    a kernel of its own (``cost.tir_counts``), in launch order: TVM's s_tir pipeline decides
     where barriers go (a K loop ThreadSync guards with a barrier a step is priced by its waits),
     which the stitcher's launch form does not show yet."""
     host = target if target.host is not None else tvm.target.Target(target, host="llvm")   # SplitHostDevice needs one

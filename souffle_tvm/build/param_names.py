@@ -13,7 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from ..core import tir_stats
+from ..cost import tir_stats
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle_tvm.DistinctParamNames")

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import estimate, hardware, latency
-from ..core.measured import MeasuredTimes
+from ..cost import estimate, hardware, latency
+from ..cost.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
 from . import block_size
 from .groups import Group
 from .subprograms import MAX_GROUPS_PER_SUBPROGRAM, MAX_STATEMENTS_PER_SUBPROGRAM, GroupFacts
+from ..cost.work import Stage
 
 
 def producers_of(groups: list[Group], readers: dict) -> list[set[int]]:
@@ -41,7 +42,7 @@ def producers_of(groups: list[Group], readers: dict) -> list[set[int]]:
     return out
 
 
-def alone_seconds(gpu: hardware.GPU, c: latency.Constants, work: list[latency.Stage],
+def alone_seconds(gpu: hardware.GPU, c: latency.Constants, work: list[Stage],
                   estimates: list[estimate.Estimate]) -> float:
     """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""
     return sum(latency.kernel_time(gpu, c, latency.Kernel("g", st.tiles, st.threads, est.registers,
@@ -69,7 +70,7 @@ class Timer:
 
     def separate(self, g: int) -> float:
         """Group ``g`` as kernels of their own in a CUDA graph, as it will be built: a time measured
-        on the GPU for the same kernel (``core.measured``) wins over the model's, and the model's
+        on the GPU for the same kernel (``cost.measured``) wins over the model's, and the model's
         is the faster of its stitchable schedule and the one it gets alone (``rescheduled``)."""
         keys = self.facts.kernel_keys
         known = self.measured.seconds(keys[g] if g < len(keys) else None)
@@ -82,7 +83,7 @@ class Timer:
         built = self.facts.alone_work
         return self.alone(built[g] if g < len(built) and built[g] else self.facts.work[g], self.facts.stages[g])
 
-    def alone(self, work: list[latency.Stage], estimates: list[estimate.Estimate]) -> float:
+    def alone(self, work: list[Stage], estimates: list[estimate.Estimate]) -> float:
         """Stages, each a kernel of its own (with its static resource estimate) in a CUDA graph."""
         return alone_seconds(self.gpu, self.c, work, estimates)
 

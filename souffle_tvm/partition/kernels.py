@@ -34,7 +34,7 @@ import math
 from tvm import te
 
 from ..core.ir_names import ATOMIC_ATTR, PARTIAL_TAG
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..te import analysis, chains as te_chains, rewrite as te_rewrite
 from ..te.program import TEProgram
 from .groups import Group, Partition, readers_of

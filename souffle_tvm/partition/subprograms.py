@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
-from ..core import estimate, hardware, latency
+from ..cost import estimate, hardware
 from ..core.geometry import STITCH_BLOCK
 from ..te import analysis
 from ..te.analysis import tensor_bytes
 from ..te.program import TEProgram
 from .groups import Group, readers_of
+from ..cost.work import Stage
 
 
 @dataclass
@@ -35,7 +36,7 @@ class GroupFacts:
     cores and what a block of it executes stitched (K steps, shared wavefronts, global sectors;
     the report prices a built stitched kernel's stages from the same: ``alone_work``:
     built alone): what the time-driven partitioner (``by_time``) predicts from. ``kernel_keys[i]``: group
-    i's kernel in the measured-times database (``core.measured``), None for a multi-launch group.
+    i's kernel in the measured-times database (``cost.measured``), None for a multi-launch group.
     """
 
     unstitchable: list[str | None]
@@ -43,14 +44,14 @@ class GroupFacts:
     stages: list[list[estimate.Estimate]] = field(default_factory=list)
     signature: list[Hashable] = field(default_factory=list)
     repeat_of: list[int | None] = field(default_factory=list)
-    work: list[list[latency.Stage]] = field(default_factory=list)
-    kernel_keys: list[str | None] = field(default_factory=list)   # core.measured keys of single-launch groups
+    work: list[list[Stage]] = field(default_factory=list)
+    kernel_keys: list[str | None] = field(default_factory=list)   # cost.measured keys of single-launch groups
     # per group: (producer, bytes of its reads that stay on chip when stitched with that producer)
     # or None (``pipeline.onchip_credit``); empty: no credits
     onchip: list[tuple[int, int] | None] = field(default_factory=list)
     # per group: ``work`` as its stages execute built as kernels of their own (TVM's pipeline
     # places their barriers; ``pipeline.policies._work``); empty: as ``work``
-    alone_work: list[list[latency.Stage]] = field(default_factory=list)
+    alone_work: list[list[Stage]] = field(default_factory=list)
     # per group: the producers whose output it reads block-locally when stitched with them (no
     # grid sync between them; ``pipeline.onchip_credit``); empty: none known
     local_producers: list[set[int]] = field(default_factory=list)

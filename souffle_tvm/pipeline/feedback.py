@@ -16,7 +16,8 @@ import dataclasses
 import warnings
 
 from ..build.executable import BuildResult
-from ..core import hardware, progress
+from ..core import progress
+from ..cost import hardware
 from ..core.geometry import STITCH_BLOCK
 from ..errors import CoresidencyError, OverBudgetWarning, SouffleError
 from ..frontend.importer import ImportedModel

@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..core import hardware
+from ..cost import hardware
 from ..core.ir_names import ALIGNED_TILES_ATTR
 from ..errors import StitchError
 from ..stitch import lower

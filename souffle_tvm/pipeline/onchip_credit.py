@@ -21,7 +21,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..core import estimate, hardware, tir_stats
+from ..cost import estimate, hardware, tir_stats
 from ..errors import StitchError
 from ..core.geometry import STATIC_SHARED_LIMIT
 from ..stitch import kernel, resident

@@ -35,8 +35,8 @@ from tvm import relax
 
 from ..build import cooperative
 from ..codegen import emit
-from ..core import hardware, latency
-from ..core.measured import MeasuredTimes
+from ..cost import hardware, latency
+from ..cost.measured import MeasuredTimes
 from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
 from ..core.geometry import STITCH_BLOCK

@@ -28,9 +28,9 @@ from tvm import relax, te, tirx
 from ..build import executable, ptxas
 from ..codegen import emit, schedule
 from ..codegen.database import lookup
-from ..core import estimate, hardware, latency, measured, tir_counts, tir_stats
+from ..cost import estimate, hardware, latency, measured, tir_counts, tir_stats
 from ..core.files import atomic_write, note_recomputed
-from ..core.floors import BlockCounts
+
 from ..codegen.rules import StitchedMatmul, TensorCoreMatmul
 from ..codegen.rules.gemm_tiles import block_count
 from ..core.geometry import STITCH_BLOCK
@@ -47,6 +47,7 @@ from ..stitch.module import ExprKey
 from ..te import chains
 from ..transforms.two_phase import Candidate
 from . import onchip_credit
+from ..cost.work import BlockCounts, Stage
 
 
 # The default rules' schedules, across compiles in one process (the rules are deterministic):
@@ -246,10 +247,10 @@ def split_pays(candidate: Candidate, gpu: hardware.GPU | None = None,
     parts = tiles_a_row
     row_bytes = c.rows * c.length * c.elem_bytes
     partial_bytes = c.partials * c.rows * parts * c.partial_bytes
-    whole = [latency.Stage(c.rows, STITCH_BLOCK, row_bytes + c.rows * c.partial_bytes, c.partials * c.rows * c.length)]
-    split = [latency.Stage(c.rows // tile_rows * tiles_a_row, tile_rows * c.lanes, row_bytes + partial_bytes,
+    whole = [Stage(c.rows, STITCH_BLOCK, row_bytes + c.rows * c.partial_bytes, c.partials * c.rows * c.length)]
+    split = [Stage(c.rows // tile_rows * tiles_a_row, tile_rows * c.lanes, row_bytes + partial_bytes,
                            c.partials * c.rows * c.length),
-             latency.Stage(c.rows, STITCH_BLOCK, partial_bytes + c.rows * c.partial_bytes, c.partials * c.rows * parts)]
+             Stage(c.rows, STITCH_BLOCK, partial_bytes + c.rows * c.partial_bytes, c.partials * c.rows * parts)]
     slots = gpu.sms * max(1, gpu.threads_per_sm // STITCH_BLOCK)
 
     def us(stages):
@@ -336,22 +337,22 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
 
 
 def _work(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc, target, block: int | None = None
-          ) -> list[latency.Stage]:
+          ) -> list[Stage]:
     """The latency model's view of a group's lowered stages: the unscheduled function's
     footprint and flops (as the report counts them), the scheduled one's launch geometry, and
     what a block of each stage executes (``_counted``)."""
     return _counted(_uncounted(func, lowered, unscheduled), func, lowered, target, block)
 
 
-def _uncounted(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[latency.Stage]:
+def _uncounted(func: tirx.PrimFunc, lowered: list, unscheduled: tirx.PrimFunc) -> list[Stage]:
     nbytes = sum(tir_stats.block_footprints(unscheduled).values()) or tir_stats.primfunc_param_bytes(unscheduled)
     return tir_stats.work_stages(func, [(st.num_blocks, st.num_threads) for st in lowered], nbytes,
                                  sum(tir_stats.block_flops(unscheduled).values()))
 
 
-def _counted(stages: list[latency.Stage], func: tirx.PrimFunc, lowered: list, target,
-             block: int | None) -> list[latency.Stage]:
-    """``stages`` with what a block of each executes (``core.tir_counts``): its K-loop steps,
+def _counted(stages: list[Stage], func: tirx.PrimFunc, lowered: list, target,
+             block: int | None) -> list[Stage]:
+    """``stages`` with what a block of each executes (``cost.tir_counts``): its K-loop steps,
     shared wavefronts and global sectors, which a small GEMV's (or a lane-per-row fallback's)
     time rests on more than its bytes. Counted in the
     form it is built in: as a kernel of its own (``block`` None), or as a stage of a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..core import hardware, latency
+from ..cost import hardware, latency
 from ..report.predicted import kernels_of
 from ..report.schema import KernelReport, Report
 

@@ -12,15 +12,16 @@ from tvm import tirx
 
 from ..build.executable import BuildResult, DeviceKernel
 from ..codegen.database import schedule_source
-from ..core import latency, tir_stats
-from ..core.hardware import for_arch, occupancy
+from ..cost import tir_stats
+from ..cost.hardware import for_arch, occupancy
 from ..core.ir_names import FORM_ATTR
-from ..core.measured import timed_in_a_total
+from ..cost.measured import timed_in_a_total
 from ..core.targets import describe
 from ..errors import CoresidencyError
 from ..partition.groups import group_edges
 from ..stitch.module import function_runs
 from .schema import KernelReport, Report
+from ..cost.work import Stage
 
 
 def _kernel_flops(kernels: list[DeviceKernel], flops: dict[str, int]) -> list[int]:
@@ -128,7 +129,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
         nbytes = sum(result.footprints.get(st.function, {}).values()) + scratch if first else 0
         flops = sum(result.flops.get(st.function, {}).values()) if first else 0
         stage = (tir_stats.work_stages(func, [geometry], nbytes, flops)[0] if func is not None
-                 else latency.Stage(*geometry, nbytes, flops))
+                 else Stage(*geometry, nbytes, flops))
         # the function's first region carries its bytes: every region's on-chip reads come off there
         run = run_of.get(i, [i]) if first and func is not None else []
         # a resident input's first reader reads what its fill copies, not its own footprint of it
@@ -152,7 +153,7 @@ def stage_plan(result: BuildResult, sk, stage_funcs: dict) -> list[dict]:
     return plan
 
 
-def _with_counts_alone(stage: latency.Stage, alone: dict | None, onchip: int) -> latency.Stage:
+def _with_counts_alone(stage: Stage, alone: dict | None, onchip: int) -> Stage:
     """``stage`` with what a block of it executes as the partitioner counted it (``alone``: the
     stage stitched alone at the kernel's block size), where the tiles are the same: a stitched
     kernel's own counts are of its busiest and last blocks, all stages together, so a stage of few
@@ -225,7 +226,7 @@ def add_reductions(report: Report, two_phase) -> None:
 
 
 def add_forms(report: Report, mod, unstitched=None, stitched: list = ()) -> None:
-    """Per kernel its schedule form and whether a GPU has ever run that form (``core.measured``):
+    """Per kernel its schedule form and whether a GPU has ever run that form (``cost.measured``):
     the rule and block size each group PrimFunc was scheduled with (``FORM_ATTR``), a stitched
     kernel's stages' forms joined; a function without one is TVM's own (dlight's rules)."""
     funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}

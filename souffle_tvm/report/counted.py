@@ -1,6 +1,6 @@
 """Counted traffic beside the report's analytic bytes (issue 30, item 1).
 
-The report's ``bytes`` per kernel are analytic (``core.tir_stats.block_footprints``: each access
+The report's ``bytes`` per kernel are analytic (``cost.tir_stats.block_footprints``: each access
 bounded as a box). ``runtime.traffic`` counts what the emulated kernels execute. ``attach`` gives
 each kernel of a report its counted figures (``KernelReport.counted``) and holds the two side by
 side, one comparison per unit the analytic figure describes:

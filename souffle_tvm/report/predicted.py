@@ -1,12 +1,12 @@
 """The latency model's prediction for a report's kernels (``Report.latency``): an estimate of
-GPU time from ``core/latency.py`` with its fitted constants, never a measurement."""
+GPU time from ``cost/latency.py`` with its fitted constants, never a measurement."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from ..core import latency
-from ..core.hardware import for_arch
+from ..cost import latency
+from ..cost.hardware import for_arch
 from .schema import Report
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.hardware import GPU
+from ..cost.hardware import GPU
 from .schema import Report
 
 

@@ -41,7 +41,7 @@ kernels[]          name, primfunc, grid [x,y,z], block [x,y,z], registers, share
 cuda_graph         built with ``--cuda-graph`` (TVM's ``relax.backend.use_cuda_graph``): graph
                    ``replays``, ``captured_launches`` and ``launches_outside`` per inference;
                    each kernel's ``launches_outside_graph``
-latency            CUDA only: the latency model's prediction (core/latency.py; an estimate,
+latency            CUDA only: the latency model's prediction (cost/latency.py; an estimate,
                    never a measurement): ``ms`` launched one by one, ``graph_ms`` under a CUDA
                    graph, ``gpu_ms`` the kernels alone, ``rewrite_ms`` as built with TVM's CUDA-graph
                    rewriting (``cuda_graph``), ``gpu`` and ``constants``; at ``--level auto``
@@ -96,12 +96,12 @@ class KernelReport:
     min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
     on_chip: dict | None = None          # stitched kernels: what stays on chip (stages reading it there, bytes a block holds)
     counted: dict | None = None          # traffic counted in the emulator (``report.counted``), where it was run
-    block_counts: dict | None = None     # what one block executes, from the lowered TIR (``core.tir_counts``)
+    block_counts: dict | None = None     # what one block executes, from the lowered TIR (``cost.tir_counts``)
     predicted_us: float | None = None    # the latency model's time for one launch (an estimate)
-    floor_us: float | None = None        # its largest static floor (``core.floors``): predicted_us is never below
+    floor_us: float | None = None        # its largest static floor (``cost.floors``): predicted_us is never below
     floor_by: str | None = None          # which floor that is
     form: str | None = None              # its schedule form ("<rule>@<threads>"; a stitched kernel's stages joined by "+")
-    measured_form: bool | None = None    # whether that form ever ran on a GPU (inside a measured total; core/measured.py)
+    measured_form: bool | None = None    # whether that form ever ran on a GPU (inside a measured total; cost/measured.py)
 
 
 @dataclass

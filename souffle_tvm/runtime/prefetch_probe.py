@@ -38,7 +38,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..core.tir_stats import dtype_bytes
+from ..cost.tir_stats import dtype_bytes
 from ..errors import EmulationError
 from ..stitch.kernel_ir import is_prefetch, op_name, replace_stages, stage_loops
 from .instrumented import I64, InstrumentedModule, RunSession, as64, guarded_loads, i64, numel, seq

@@ -1,6 +1,6 @@
 """Traffic counted by execution: what the emulated kernels really load and store.
 
-The report's ``bytes`` per kernel is analytic (``core.tir_stats``: each global buffer's access
+The report's ``bytes`` per kernel is analytic (``cost.tir_stats``: each global buffer's access
 box from the unscheduled TIR). This counts instead what the scheduled kernels execute, in the GPU
 emulator (``emulate``) instrumented by ``traffic_probe``: per launch region (one ``__global__``)
 and global buffer, the distinct bytes read and written (what must cross the chip boundary at

@@ -2,7 +2,7 @@
 
 ``emulate.emulate_primfunc(..., probe=TrafficProbe(name))`` calls the hooks below while it rewrites
 a kernel for the CPU, as it calls the race checker's (``race_probe``). Nothing here reads the
-analytic footprints the report carries (``core.tir_stats``): the counts come from the accesses the
+analytic footprints the report carries (``cost.tir_stats``): the counts come from the accesses the
 emulated kernel executes, per launch region (one ``__global__``), per global buffer:
 
 * **distinct** elements read, written, and touched either way (what must cross the chip boundary

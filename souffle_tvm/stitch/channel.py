@@ -39,7 +39,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import dependence
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
 from ..te.rewrite import uses
 

@@ -24,7 +24,7 @@ from tvm import tirx
 from . import channel, dependence, resident, rolling
 from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
 from .lower import LoweredStage, wide_thread
-from ..core import estimate, tir_stats
+from ..cost import estimate, tir_stats
 from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like

@@ -103,7 +103,7 @@ class LoweredStage:
 
     def kernel(self, target: tvm.target.Target) -> tirx.PrimFunc:
         """The stage as a kernel of its own: its body under its launch attributes again, with the
-        block barriers TVM's build adds (ThreadSync): what ``core.tir_counts`` counts a block of."""
+        block barriers TVM's build adds (ThreadSync): what ``cost.tir_counts`` counts a block of."""
         body = self.body
         for tag, (var, ext) in [*self.threads.items(), *self.blocks.items()]:
             i = tirx.const(0, str(var.ty)), tirx.const(ext, str(var.ty))

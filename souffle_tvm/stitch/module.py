@@ -17,7 +17,7 @@ from . import lower, resident, rolling
 from .check import SafetyReport, check
 from .kernel import onchip_key, stitch
 from ..codegen.emit import is_group_call
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.geometry import STITCH_BLOCK
 from ..errors import StitchError
 

@@ -32,7 +32,7 @@ from tvm import relax, tirx
 
 from . import kernel_ir
 from .module import StitchedKernel
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.ir_names import PREFETCH
 
 LINE_BYTES = 128                     # an L2 cache line on sm_80 / sm_90

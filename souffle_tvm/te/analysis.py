@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from . import rewrite as te_rewrite
-from ..core import tir_stats
+from ..cost import tir_stats
 from .program import TEProgram
 
 ONE_TO_ONE, REDUCTION, GATHER, OPAQUE = "one-to-one", "reduction", "gather", "opaque"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tvm import te
 
 from . import analysis, rewrite as te_rewrite
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.geometry import STATIC_SHARED_LIMIT
 
 MIN_ROWS = 8        # rows a block holds at least (the schedule rule's smallest row tile)

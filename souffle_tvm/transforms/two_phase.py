@@ -33,7 +33,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from ..te import analysis, rewrite as te_rewrite
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..core.geometry import STITCH_BLOCK
 from ..core.ir_names import ATOMIC_ATTR, COMBINE_TILE_ATTR, LANES_ATTR, PARTIAL_TAG, ROW_TILE_ATTR, TILE_ATTR
 from ..te.program import TEProgram

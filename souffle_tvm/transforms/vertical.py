@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from tvm import te, tirx
 
 from ..te import analysis, rewrite as te_rewrite
-from ..core import tir_stats
+from ..cost import tir_stats
 from ..te.program import TEProgram, consumers_of
 
 # The most stages composed into one expression. Composing recurses once per stage (our

@@ -14,8 +14,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import get_index_map, get_reduction_blocks
 
-from ...core import floors, hardware, latency, tir_stats
+from ...cost import hardware, latency, tir_stats
 from ...core.geometry import STITCH_BLOCK, STITCH_BLOCKS_PER_SM
+from ...cost.work import Stage, WIDEST_LANE_ACCESS
 
 
 def contraction_extents(func: tirx.PrimFunc) -> tuple[int, ...] | None:
@@ -105,8 +106,8 @@ class SimtTile:
     k: int
 
     def shared_wavefronts(self, threads: int, elem_bytes: int) -> float:
-        """Per tile, at least (``core.floors``: 16 bytes a lane per wavefront)."""
-        return math.ceil(threads / 32) * self.k * 2 * self.micro * elem_bytes / floors.WIDEST_LANE_ACCESS
+        """Per tile, at least (``cost.floors``: 16 bytes a lane per wavefront)."""
+        return math.ceil(threads / 32) * self.k * 2 * self.micro * elem_bytes / WIDEST_LANE_ACCESS
 
     def k_steps(self) -> int:
         return math.ceil(self.k / self.k_tile)
@@ -124,7 +125,7 @@ def stitched_seconds(work: ContractionWork, tiles: int, threads: int, tensor_cor
     gpu = hardware.for_arch(str(target.attrs.get("arch", "sm_90")))
     extra = {"shared_wavefronts": simt.shared_wavefronts(threads, work.elem_bytes), "k_steps": simt.k_steps()} \
         if simt else {}
-    stage = latency.Stage(tiles, threads, work.bytes, math.ceil(work.flops * padding), tensor_core, work.written,
+    stage = Stage(tiles, threads, work.bytes, math.ceil(work.flops * padding), tensor_core, work.written,
                           work.elem_bytes, **extra)
     per_sm = max(1, STITCH_BLOCKS_PER_SM * STITCH_BLOCK // threads)
     return latency.stage_time(gpu, latency.FITTED, stage, slots or gpu.sms * per_sm, persistent=True).seconds

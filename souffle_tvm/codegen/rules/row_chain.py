@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ...core import tir_stats
+from ...cost import tir_stats
 from ...core.geometry import STATIC_SHARED_LIMIT, STITCH_BLOCK
 from ...te.rewrite import uses
 from .base import CUDAScheduleRule

@@ -9,7 +9,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline
 
-from ...core import tir_stats
+from ...cost import tir_stats
 from .base import CUDAScheduleRule
 from .gemm_tiles import ContractionWork, stitched_seconds
 

@@ -12,7 +12,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
                                          get_in_out_dtypes, get_index_map, get_reduction_blocks)
 
-from ...core import hardware, tir_stats
+from ...cost import hardware, tir_stats
 from ...core.geometry import (MATMUL_K_TILE, MATMUL_K_TILES, MATMUL_MICRO, MATMUL_MICROS, MATMUL_THREAD_GRIDS,
                               STATIC_SHARED_LIMIT, STITCH_BLOCK, STITCH_BLOCKS_PER_SM)
 from ...core.ir_names import GEMM_K_TILE_ATTR, GEMM_TILE_ATTR

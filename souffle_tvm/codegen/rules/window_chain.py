@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from ...core import hardware, tir_stats
+from ...cost import hardware, tir_stats
 from ...core.geometry import STATIC_SHARED_LIMIT
 from ...core.ir_names import MIN_BLOCKS_ATTR
 from .base import CUDAScheduleRule

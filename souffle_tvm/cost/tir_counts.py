@@ -1,5 +1,5 @@
 """What one block of a lowered device kernel executes, counted from its TIR: the facts the static
-floors (``core.floors``) read.
+floors (``cost.floors``) read.
 
 Counts are lower bounds, so the floors stay floors:
 * a loop runs its extent; an extent that depends on the block (a stitched kernel's grid-stride
@@ -32,7 +32,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import tir_stats
-from .floors import SECTOR_BYTES, WAVEFRONT_BYTES, WIDEST_LANE_ACCESS, BlockCounts
+from .work import SECTOR_BYTES, WAVEFRONT_BYTES, WIDEST_LANE_ACCESS, BlockCounts
 
 _THREADS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
 

@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .latency import Stage
+from .work import Stage
 
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min)
 # Transcendentals and friends count as one operation each (the usual roofline convention).
@@ -392,7 +392,7 @@ def written_param_bytes(func: tirx.PrimFunc) -> int:
 
 
 def work_stages(func: tirx.PrimFunc, geometry: list[tuple[int, int]], nbytes: int, flops: int) -> list[Stage]:
-    """The latency model's stages (``core.latency.Stage``) of ``func``'s launch regions, given as
+    """The latency model's stages (``cost.latency.Stage``) of ``func``'s launch regions, given as
     (tiles, threads): ``nbytes``, ``flops`` and the bytes ``func`` stores count on the first
     region; whether it uses tensor cores and its stored element size on all."""
     tc, elem, written = uses_tensor_cores(func), stored_element_bytes(func), written_param_bytes(func)

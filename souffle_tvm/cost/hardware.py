@@ -38,7 +38,7 @@ class GPU:
     fp16_flops: float = 312e12           # dense tensor-core peak
     l2_bytes: int = 50 * 2**20           # what V4 may prefetch into (prefetch.L2_SHARE of it per segment)
     launch_overhead_s: float = 3e-6
-    # The static floors (core/floors.py) read these at their most optimistic.
+    # The static floors (cost/floors.py) read these at their most optimistic.
     clock_hz: float = 1.98e9             # boost clock
     l2_bandwidth: float = 12e12          # bytes/s: above every published L2 measurement of the part
     grid_sync_overhead_s: float = 2e-6

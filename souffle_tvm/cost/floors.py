@@ -1,8 +1,8 @@
 """Static floors on a kernel's GPU time: what no schedule of its work can beat, from facts the
 build has (its bytes and flops, its launch, and what one block executes, counted from the
-lowered TIR by ``core.tir_counts``).
+lowered TIR by ``cost.tir_counts``).
 
-The latency model (``core.latency``) is fitted; these are not. Each floor is a physical limit
+The latency model (``cost.latency``) is fitted; these are not. Each floor is a physical limit
 taken at its most optimistic, so that a prediction below it is wrong, not merely uncertain:
 
 * **memory:** every byte the kernel moves crosses L2 at least once, at an L2 bandwidth above
@@ -30,9 +30,9 @@ floors of what its blocks execute in all.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from .hardware import GPU
+from .work import BlockCounts
 
 # An L2 hit on sm_80/sm_90 takes about 200-270 cycles (microbenchmarks); the floor takes the low end.
 LOAD_LATENCY_CYCLES = 200
@@ -40,67 +40,6 @@ LOAD_LATENCY_CYCLES = 200
 # at L2) must come back in a load of every waiting block. Measured grid syncs take microseconds;
 # the floor takes this physical minimum.
 GRID_SYNC_CYCLES = LOAD_LATENCY_CYCLES
-# bar.sync with every warp already there: about 20 cycles.
-BARRIER_CYCLES = 20
-# bytes of shared memory one SM serves per clock (32 banks of 4 bytes): one wavefront
-WAVEFRONT_BYTES = 128
-# the widest shared access a lane makes (ld.shared.v4.b32)
-WIDEST_LANE_ACCESS = 16
-# the granule of a global memory access; an SM's L1 data path moves WAVEFRONT_BYTES of it a clock
-SECTOR_BYTES = 32
-
-
-@dataclass(frozen=True)
-class BlockCounts:
-    """What one block executes (the block with the least work: a grid-stride loop's last
-    block), counted from a lowered kernel's TIR (``core.tir_counts``).
-
-    ``shared_wavefronts``: shared-memory wavefronts its warps need at least; ``k_steps``: serial
-    loop steps that wait on a global load at a block barrier; ``pipelined_steps``: serial steps
-    with a barrier whose loads were issued ahead (through registers or ``cp.async``);
-    ``global_requests``: its warps' global loads and stores; ``global_sectors``: the 32-byte
-    sectors they touch (``global_sectors / global_requests`` is sectors per request: 4 for
-    coalesced fp32, 32 where each lane reads another row)."""
-    threads: int
-    shared_wavefronts: float = 0.0
-    k_steps: int = 0
-    pipelined_steps: int = 0
-    barriers: int = 0
-    global_requests: float = 0.0
-    global_sectors: float = 0.0
-    # what the block with the MOST work executes (block 0: a grid-stride loop's first block), where
-    # it differs: the kernel cannot end before that block either
-    busiest: "BlockCounts | None" = None
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "BlockCounts":
-        d = dict(d)
-        busiest = d.pop("busiest", None)
-        return cls(**d, busiest=cls.from_dict(busiest) if busiest else None)
-
-    def chain_cycles(self, step_cycles: float, compute_cycles: float = 0.0) -> float:
-        """One block alone: its unpipelined steps at ``step_cycles`` each, its pipelined steps'
-        barriers, and between them its shared wavefronts and its arithmetic (``compute_cycles``:
-        a step computes only after its barrier, and the next loads only after the next barrier);
-        0 without steps."""
-        if not (self.k_steps or self.pipelined_steps):
-            return 0.0
-        return (self.k_steps * step_cycles + self.pipelined_steps * BARRIER_CYCLES + self.shared_wavefronts
-                + compute_cycles)
-
-    @property
-    def l1_wavefronts(self) -> float:
-        """Cycles of the SM's L1/shared data path the block needs: its shared wavefronts and its
-        global sectors, four to a cycle."""
-        return self.shared_wavefronts + self.global_sectors * SECTOR_BYTES / WAVEFRONT_BYTES
-
-    def as_dict(self) -> dict:
-        out = {"threads": self.threads, "shared_wavefronts": round(self.shared_wavefronts, 2),
-               "k_steps": self.k_steps, "pipelined_steps": self.pipelined_steps, "barriers": self.barriers,
-               "global_requests": round(self.global_requests, 2), "global_sectors": round(self.global_sectors, 2)}
-        if self.busiest is not None:
-            out["busiest"] = self.busiest.as_dict()
-        return out
 
 
 def _peak(gpu: GPU, tensor_core: bool, elem_bytes: int) -> float:

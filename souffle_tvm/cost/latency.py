@@ -18,7 +18,7 @@ bytes and flops. The terms, each physical:
 * **The K-loop chain.** A block whose K loop loads a step into shared memory and waits at a
   barrier before computing on it cannot overlap its steps: per wave, its steps' waits
   (``kstep_cycles`` each, fitted: a global load's round trip and the barrier) plus its
-  shared-memory wavefronts, counted from the kernel's TIR (``core.tir_counts``) or given by the
+  shared-memory wavefronts, counted from the kernel's TIR (``cost.tir_counts``) or given by the
   rule that tiled it. Register blocking shows here: one output per thread means one shared load
   per FMA, hence many wavefronts.
 * **Coalescing.** A kernel's global requests move between L2 and the SMs a 32-byte sector at a
@@ -41,7 +41,7 @@ bytes and flops. The terms, each physical:
   CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
   when its kernels are shorter (``launch_us``).
 * **Floors.** Neither a stage nor a kernel is predicted faster than its static floors
-  (``core.floors``: bytes over L2, flops on the busiest SM, shared-memory wavefronts, global
+  (``cost.floors``: bytes over L2, flops on the busiest SM, shared-memory wavefronts, global
   sectors through the L1 data path (coalescing) and the K-step load chain counted from the
   kernel's TIR): fitted constants must not buy a time no schedule of that work can reach.
 
@@ -56,10 +56,11 @@ rate; ``python/l2_residency.py``), bank conflicts, spills, instruction mix insid
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import floors
 from .hardware import GPU, occupancy
+from .work import SECTOR_BYTES, BlockCounts, Stage
 
 
 @dataclass(frozen=True)
@@ -102,50 +103,6 @@ RANGES = {"launch_us": (1.0, 15.0), "node_us": (0.5, 5.0), "sync_us": (0.5, 8.0)
 
 
 @dataclass(frozen=True)
-class Stage:
-    """One stage's work: as a kernel of its own it would launch ``tiles`` blocks of ``threads``.
-    ``bytes``: its global footprint; ``written_bytes``: what it stores (0: unknown), whose
-    elements of ``elem_bytes`` size the operand traffic of a contraction's tile."""
-    tiles: int
-    threads: int
-    bytes: int
-    flops: int
-    tensor_core: bool = False
-    written_bytes: int = 0
-    elem_bytes: int = 4
-    shared_wavefronts: float = 0.0   # per tile, where a rule knows it before building (floors)
-    k_steps: int = 0                 # per tile: unpipelined K steps, each waiting on a global load
-    sectors: float = 0.0             # per tile: 32-byte sectors its global requests touch, counted with
-                                     # the stage alone or stitched alone (a stitched Kernel's stages carry
-                                     # them too: its own counts do not say which stage's tiles move them)
-
-    def read_on_chip(self, taken: int) -> "Stage":
-        """This stage with ``taken`` of its bytes read on chip instead (a channel, a resident
-        copy): its global sectors fall in proportion to the bytes left off chip."""
-        left = max(self.bytes - taken, 0)
-        return replace(self, bytes=left, sectors=self.sectors * left / self.bytes if self.bytes > 0 else 0.0)
-
-    def floor_seconds(self, gpu: GPU, slots: int) -> float:
-        """The largest of the stage's static floors (``core.floors``)."""
-        return floors.binding(self.floors(gpu, slots))[1]
-
-    def floors(self, gpu: GPU, slots: int) -> dict[str, float]:
-        return floors.stage_floors(gpu, self.tiles, self.bytes, self.flops, self.tensor_core, self.elem_bytes,
-                                   self.shared_wavefronts, self.k_steps, slots)
-
-    def tile_loads(self) -> float:
-        """Bytes one tile loads: its share of the footprint, or for a contraction the operand
-        panels of a square output tile of side m (2 m K elements for 2 m^2 K flops), read again
-        by every tile that shares them (from L2, at the loading warps' pace). Never more than
-        the whole footprint: a tile stages each operand element through shared memory once."""
-        share = self.bytes / self.tiles
-        if self.written_bytes <= 0 or self.flops <= 0:
-            return share
-        side = math.sqrt(max(self.written_bytes / self.elem_bytes / self.tiles, 1.0))
-        return max(share, min(self.bytes, self.flops / self.tiles / side * self.elem_bytes))
-
-
-@dataclass(frozen=True)
 class Kernel:
     """One ``__global__`` function: its launch, resources and stages (one unless stitched)."""
     name: str
@@ -157,7 +114,7 @@ class Kernel:
     grid_syncs: int = 0
     launches: int = 1
     uncaptured: int | None = None   # under TVM's CUDA-graph rewriting: launches left outside its graphs
-    counts: floors.BlockCounts | None = None   # what one block executes, from its lowered TIR
+    counts: BlockCounts | None = None   # what one block executes, from its lowered TIR
 
     @classmethod
     def single(cls, name: str, grid: int, threads: int, registers: int | None, shared_bytes: int,
@@ -196,6 +153,17 @@ class Prediction:
     kernels: list[KernelTime] = field(default_factory=list)
 
 
+def stage_floors(gpu: GPU, stage: Stage, slots: int) -> dict[str, float]:
+    """A stage's static floors (``cost.floors``) on ``slots`` resident blocks."""
+    return floors.stage_floors(gpu, stage.tiles, stage.bytes, stage.flops, stage.tensor_core, stage.elem_bytes,
+                               stage.shared_wavefronts, stage.k_steps, slots)
+
+
+def stage_floor_seconds(gpu: GPU, stage: Stage, slots: int) -> float:
+    """The largest of a stage's static floors."""
+    return floors.binding(stage_floors(gpu, stage, slots))[1]
+
+
 def resident_blocks(gpu: GPU, kernel: Kernel) -> tuple[int, int]:
     """(blocks per SM, slots): how many of the kernel's blocks run at once."""
     per_sm = (occupancy(gpu, kernel.threads, kernel.registers, kernel.shared_bytes).blocks_per_sm
@@ -227,7 +195,7 @@ def wave_seconds(gpu: GPU, c: Constants, stage: Stage, active: int) -> tuple[flo
     return memory, active * per_tile_flops / flops_rate
 
 
-def chain_seconds(gpu: GPU, c: Constants, counts: floors.BlockCounts, block_cycles: float = 0.0) -> float:
+def chain_seconds(gpu: GPU, c: Constants, counts: BlockCounts, block_cycles: float = 0.0) -> float:
     """One block's K-loop chain: its unpipelined steps' waits (``kstep_cycles``), its pipelined
     steps' barriers and, between them, its shared-memory wavefronts and its arithmetic
     (``block_cycles``); 0 without steps or with the term off."""
@@ -273,7 +241,7 @@ def _sectors_seconds(gpu: GPU, c: Constants, sectors: float, blocks: int, footpr
     keeps beside its blocks' shared memory."""
     if c.l1_miss <= 0 or c.l2_efficiency <= 0 or sectors <= 0:
         return 0.0
-    moved = c.l1_miss * sectors * floors.SECTOR_BYTES
+    moved = c.l1_miss * sectors * SECTOR_BYTES
     active = min(blocks, gpu.sms)
     if footprint <= l1_left:
         moved = min(moved, footprint * active)
@@ -290,7 +258,7 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     waves = math.ceil(stage.tiles / slots)
     full, rest = divmod(stage.tiles, slots)
     if chain_s is None:
-        chain_s = chain_seconds(gpu, c, floors.BlockCounts(stage.threads, stage.shared_wavefronts, stage.k_steps),
+        chain_s = chain_seconds(gpu, c, BlockCounts(stage.threads, stage.shared_wavefronts, stage.k_steps),
                                 floors.compute_cycles(gpu, stage.flops / stage.tiles, stage.tensor_core,
                                                       stage.elem_bytes))
     mem = comp = seconds = 0.0
@@ -306,7 +274,7 @@ def stage_time(gpu: GPU, c: Constants, stage: Stage, slots: int, persistent: boo
     # the blocks that move them, which the kernel's whole-block counts cannot say
     seconds = max(seconds, _sectors_seconds(gpu, c, stage.sectors * stage.tiles, stage.tiles, stage.bytes,
                                             gpu.l1_shared_per_sm))
-    floor = stage.floor_seconds(gpu, slots)
+    floor = stage_floor_seconds(gpu, stage, slots)
     return StageTime(waves, tail, mem, comp, max(seconds, floor), floor)
 
 
@@ -338,7 +306,7 @@ def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, 
     its grid syncs', or a floor of what its blocks execute (``Kernel.counts``), whichever is larger."""
     named = {}
     if len(stages) == 1:
-        named = kernel.stages[0].floors(gpu, slots)
+        named = stage_floors(gpu, kernel.stages[0], slots)
     elif stages:
         named = {"stages": sum(s.floor for s in stages) + kernel.grid_syncs * floors.GRID_SYNC_CYCLES / gpu.clock_hz}
     if kernel.counts is not None:
@@ -411,6 +379,6 @@ def row_inputs(row: dict) -> dict:
     return {f: row[f] for f in ROW_INPUTS if row.get(f) is not None}
 
 
-def _counts(row: dict) -> floors.BlockCounts | None:
+def _counts(row: dict) -> BlockCounts | None:
     c = row.get("block_counts")
-    return floors.BlockCounts.from_dict(c) if c else None
+    return BlockCounts.from_dict(c) if c else None

@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import tir_stats
-from .geometry import STATIC_SHARED_LIMIT
+from ..core.geometry import STATIC_SHARED_LIMIT
 
 # Fitted on the zoo's stitched kernels (docs/partitioner.md): a stage with no local buffers
 # still needs address arithmetic and loop counters; stitching adds the grid-stride loops.

@@ -17,7 +17,7 @@ from pathlib import Path
 import tvm_ffi
 from tvm import tirx
 
-from .files import atomic_write
+from ..core.files import atomic_write
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "results" / "latency" / "measured.json"
 ENV = "SOUFFLE_MEASURED_TIMES"      # another database file (tests, other machines)
