@@ -1,4 +1,4 @@
-"""One block size per stitched subprogram (``partition.block_size``): the stitched rules at 128,
+"""One block size per stitched subprogram (``partition.block_choice``): the stitched rules at 128,
 256 and 512 threads, the model's choice on hand-computed windows, and a model whose stitched
 kernel takes another size, emulated and built with ptxas."""
 
@@ -15,7 +15,7 @@ from souffle_tvm.cost.hardware import GPUS
 from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import ScheduleError
-from souffle_tvm.partition.block_size import MIN_GAIN, choose, fastest
+from souffle_tvm.partition.block_choice import MIN_GAIN, choose, fastest
 from souffle_tvm.partition.by_time import Timer, by_time, window_seconds
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.stitch import lower

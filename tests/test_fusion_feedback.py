@@ -1,4 +1,4 @@
-"""Schedule feedback on fusion (``pipeline.policies.ScheduleCache.why_not_fused``): a group is
+"""Schedule feedback on fusion (``planning.fused_or_alone.why_not_fused``): a group is
 split where fusing lowers the rule its anchor gets alone, and where fusing takes the anchor's
 parallelism away and the latency model predicts the group slower as one kernel than as two
 (the full LSTM's last step of each layer: its gate epilogue reads four gate columns, so the
@@ -8,7 +8,8 @@ from tvm import te, tirx
 
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.partition.groups import Group
-from souffle_tvm.pipeline.policies import ScheduleCache
+from souffle_tvm.planning.fused_or_alone import why_not_fused
+from souffle_tvm.planning.schedules import ScheduleCache
 
 CUDA = make_target("cuda")
 
@@ -30,11 +31,11 @@ def _lstm_cell(gates):
 def test_a_fused_group_predicted_slower_than_two_kernels_is_split():
     group, out, readers = _gemv_then(_lstm_cell)
     cache = ScheduleCache(CUDA, 256)
-    why = cache.why_not_fused(group, [out], readers)
+    why = why_not_fused(cache, group, [out], readers)
     assert why is not None and "predicts one kernel slower" in why and "matmul then cell" in why
-    assert cache.why_not_fused(group, [out]) is None        # the rank check alone keeps it
+    assert why_not_fused(cache, group, [out]) is None        # the rank check alone keeps it
 
 
 def test_an_epilogue_that_keeps_the_parallelism_stays_fused():
     group, out, readers = _gemv_then(lambda g: te.compute((1, 1024), lambda i, j: tirx.tanh(g[i, j]), name="act"))
-    assert ScheduleCache(CUDA, 256).why_not_fused(group, [out], readers) is None
+    assert why_not_fused(ScheduleCache(CUDA, 256), group, [out], readers) is None

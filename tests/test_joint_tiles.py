@@ -1,4 +1,4 @@
-"""Joint tiling (pipeline.joint_tiles, codegen.rules.AlignedTiles): an elementwise group cut into
+"""Joint tiling (planning.joint_tiles, codegen.rules.AlignedTiles): an elementwise group cut into
 its producer's blocks where its block b then reads only what the producer's block b wrote. The
 LSTM's cell update (its gates interleaved by unit, frontend.onnx_rnn) follows the recurrent
 GEMV's tiles: one grid sync a step instead of two, the gates kept on chip. Race-checked in three
@@ -13,7 +13,7 @@ from souffle_tvm.codegen import schedule
 from souffle_tvm.core.ir_names import ALIGNED_TILES_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
-from souffle_tvm.pipeline import joint_tiles
+from souffle_tvm.planning import joint_tiles
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import lower

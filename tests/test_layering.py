@@ -29,6 +29,7 @@ LAYERS = [
     ("stitch",),
     ("build",),
     ("runtime",),
+    ("planning",),
     ("report",),
     ("pipeline",),
     ("transform",),

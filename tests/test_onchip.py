@@ -163,18 +163,19 @@ def test_channels_build_with_nvcc_without_spills():
 
 
 def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
-    """The time-driven partitioner's facts (pipeline.onchip_credit): the partial and the combine
+    """The time-driven partitioner's facts (planning.onchip_credit): the partial and the combine
     each read the GEMM's whole output on chip when stitched with the GEMM, as the stitcher finds
     it; a window holding the GEMM prices them no higher than one that does not, lower where the
     bytes matter to the model."""
     from souffle_tvm.cost import hardware, latency
     from souffle_tvm.partition import by_time
-    from souffle_tvm.pipeline import policies
+    from souffle_tvm.planning.group_calls import GroupCalls
+    from souffle_tvm.planning.group_facts import group_facts
 
     m = frontend.import_onnx(gemm_then("softmax"))
     souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     groups = souffle.partition.groups
-    facts = policies.group_facts(policies.GroupCalls(souffle.unstitched, groups), CUDA,
+    facts = group_facts(GroupCalls(souffle.unstitched, groups), CUDA,
                                  unscheduled=souffle.unscheduled)
     gemm = next(i for i, g in enumerate(groups) if g.name == "matmul")
     tile_bytes = 128 * 256 * 4

@@ -10,7 +10,8 @@ from tvm import te
 
 from souffle_tvm.build import executable
 from souffle_tvm.core.targets import make_target
-from souffle_tvm.pipeline import policies
+from souffle_tvm.planning import block_counts
+from souffle_tvm.planning.schedules import ScheduleCache
 from souffle_tvm.stitch import lower
 
 TARGET = make_target("cuda", "sm_90")
@@ -50,11 +51,11 @@ def _recorded(func):
                          ids=["gemv-256", "gemv-512", "gemv-v2", "gemm-256", "eltwise-v2"])
 def test_alone_counts_are_the_built_kernels(make, block):
     func = make()
-    scheduled = policies.ScheduleCache(TARGET, block)(func).func
+    scheduled = ScheduleCache(TARGET, block)(func).func
     counts = executable.device_counts(scheduled, TARGET)
     assert counts and counts == _recorded(scheduled)
     lowered = lower.lower_stage("g", scheduled, TARGET)
-    work = policies._work(scheduled, lowered, func, TARGET)
+    work = block_counts.stage_work(scheduled, lowered, func, TARGET)
     assert [w.k_steps for w in work] == [c.k_steps for c in counts]
     assert [w.shared_wavefronts for w in work] == [c.shared_wavefronts for c in counts]
 
@@ -64,11 +65,11 @@ def test_a_gemv_k_loop_waits_alone_but_not_stitched():
     each step when the kernel is built alone (8 steps waiting on global loads), not inside a
     stitched kernel, whose launch form the stitcher takes; the partitioner sees both."""
     func = _gemv()
-    done = policies.ScheduleCache(TARGET, 512)(func)
+    done = ScheduleCache(TARGET, 512)(func)
     assert done.rule == "ColumnReduction"
     lowered = lower.lower_stage("g", done.func, TARGET)
-    alone = policies._work(done.func, lowered, func, TARGET)
-    stitched = policies._work(done.func, lowered, func, TARGET, block=512)
+    alone = block_counts.stage_work(done.func, lowered, func, TARGET)
+    stitched = block_counts.stage_work(done.func, lowered, func, TARGET, block=512)
     assert [w.k_steps for w in alone] == [8]
     assert [w.k_steps for w in stitched] == [0]
     # and the price follows: alone it waits 8 steps at the fitted step cost
@@ -119,24 +120,24 @@ def test_counts_are_kept_on_disk_and_a_cut_entry_is_recounted(tmp_path, monkeypa
 
     monkeypatch.setenv("SOUFFLE_TVM_CACHE", str(tmp_path))
     func = _gemv()
-    scheduled = policies.ScheduleCache(TARGET, 512)(func).func
+    scheduled = ScheduleCache(TARGET, 512)(func).func
     lowered = lower.lower_stage("g", scheduled, TARGET)
-    first = policies._counts(scheduled, lowered, TARGET, None)
-    stitched = policies._counts(scheduled, lowered, TARGET, 512)
+    first = block_counts.counts_of(scheduled, lowered, TARGET, None)
+    stitched = block_counts.counts_of(scheduled, lowered, TARGET, 512)
     assert [c.k_steps for c in first] == [8] and [c.k_steps for c in stitched] == [0]
 
     def never(*_):
         raise AssertionError("counted again")
     counting = executable.device_counts
     monkeypatch.setattr(executable, "device_counts", never)
-    assert policies._counts(scheduled, lowered, TARGET, None) == first
-    assert policies._counts(scheduled, lowered, TARGET, 512) == stitched
-    path = policies._stored_counts(scheduled, TARGET, None)
+    assert block_counts.counts_of(scheduled, lowered, TARGET, None) == first
+    assert block_counts.counts_of(scheduled, lowered, TARGET, 512) == stitched
+    path = block_counts.stored_path(scheduled, TARGET, None)
     path.write_text("[{")
     monkeypatch.setattr(executable, "device_counts", counting)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert policies._counts(scheduled, lowered, TARGET, None) == first
+        assert block_counts.counts_of(scheduled, lowered, TARGET, None) == first
     assert any("unreadable" in str(w.message) for w in seen)
 
 
@@ -146,7 +147,7 @@ def test_counts_without_a_writable_cache_are_counted_in_the_process(tmp_path, mo
     blocked.write_text("not a folder")
     monkeypatch.setenv("SOUFFLE_TVM_CACHE", str(blocked))
     func = _gemv()
-    scheduled = policies.ScheduleCache(TARGET, 512)(func).func
+    scheduled = ScheduleCache(TARGET, 512)(func).func
     lowered = lower.lower_stage("g", scheduled, TARGET)
-    assert policies._stored_counts(scheduled, TARGET, None) is None
-    assert [c.k_steps for c in policies._counts(scheduled, lowered, TARGET, None)] == [8]
+    assert block_counts.stored_path(scheduled, TARGET, None) is None
+    assert [c.k_steps for c in block_counts.counts_of(scheduled, lowered, TARGET, None)] == [8]

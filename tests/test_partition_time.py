@@ -151,7 +151,8 @@ def test_group_keys_match_the_built_kernels():
     from souffle_tvm.cost import measured
     from souffle_tvm.core.targets import make_target
     from souffle_tvm.frontend.importer import import_onnx
-    from souffle_tvm.pipeline import policies, results
+    from souffle_tvm.pipeline import results
+    from souffle_tvm.planning.group_calls import GroupCalls
     from souffle_tvm.pipeline.options import Options
 
     m = import_onnx("mmoe", small=True)
@@ -159,7 +160,7 @@ def test_group_keys_match_the_built_kernels():
     sm = results.run(m.mod, target, m.params, Options(level="v3", partitioner="time"))
     facts = sm.group_facts
     assert facts.kernel_keys and all(k is None or k.startswith("sm_90|") for k in facts.kernel_keys)
-    calls = policies.GroupCalls(sm.unstitched, sm.partition.groups)
+    calls = GroupCalls(sm.unstitched, sm.partition.groups)
     i = next(i for i, k in enumerate(facts.kernel_keys) if k is not None)
     func = calls.func(i).with_attr("global_symbol", "renamed")     # names do not count
     st = facts.work[i][0]

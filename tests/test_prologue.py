@@ -15,7 +15,8 @@ from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.partition import kernels
 from souffle_tvm.partition.groups import outputs_of, readers_of
-from souffle_tvm.pipeline import policies
+from souffle_tvm.planning.fused_or_alone import why_not_fused
+from souffle_tvm.planning.schedules import ScheduleCache
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.stitch import lower
@@ -91,12 +92,12 @@ def test_the_prologue_is_inlined_into_the_gemm_s_operand_copy(effnet):
     scale is computed in the shared-memory copy (no second launch region writing it)."""
     part = kernels.partition_groups(effnet)
     readers = readers_of(effnet)
-    cache = policies.ScheduleCache(CUDA, 256)
+    cache = ScheduleCache(CUDA, 256)
     for g in _prologue_groups(part):
         func, _ = cache.group_funcs(g, outputs_of(g, readers))
         done = cache(func)
         assert str(done.func.attrs[FORM_ATTR]).startswith("StitchedMatmul@256"), done.func.attrs[FORM_ATTR]
-        assert cache.why_not_fused(g, outputs_of(g, readers), readers) is None
+        assert why_not_fused(cache, g, outputs_of(g, readers), readers) is None
         [_] = lower.lower_stage(g.name, done.func, CUDA)
         assert not tir_stats.global_scratch_buffers(done.func)
 

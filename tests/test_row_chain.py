@@ -13,7 +13,8 @@ from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.partition import kernels
 from souffle_tvm.partition.groups import outputs_of, readers_of
-from souffle_tvm.pipeline import passes, policies
+from souffle_tvm.pipeline import passes
+from souffle_tvm.planning import partials
 from souffle_tvm.runtime import races
 from souffle_tvm.stitch import lower
 from souffle_tvm.te import chains
@@ -73,8 +74,8 @@ def test_a_row_read_after_the_chain_breaks_it(bert_prog):
 
 
 def test_two_phase_leaves_the_chain_reductions_whole(bert_prog):
-    tile = lambda gemm: policies.gemm_tile(gemm)     # noqa: E731
-    held = policies.held_whole(bert_prog)
+    tile = lambda gemm: partials.gemm_tile(gemm)     # noqa: E731
+    held = partials.held_whole(bert_prog)
     assert len(held) == 4                        # max and exp-sum, two layers
     res = two_phase(bert_prog, tile, whole=held)
     assert not any(n.startswith("T_softmax") for n in res.split)

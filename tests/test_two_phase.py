@@ -15,7 +15,7 @@ from souffle_tvm.runtime import emulate
 from souffle_tvm.frontend import importer as frontend
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.pipeline.policies import gemm_tile
+from souffle_tvm.planning.partials import gemm_tile
 from souffle_tvm.runtime import runner
 from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.te import program as te_program
@@ -373,7 +373,7 @@ def test_split_pays_when_the_partials_outnumber_the_rows():
     """The judge's figures on hand-sized cases: a few long rows (64 rows of 131072) split over
     2048 GEMM tiles gain the parallelism a row-per-block reduction lacks; BERT-base's attention
     rows (4608 of 384) do not."""
-    from souffle_tvm.pipeline.policies import split_pays
+    from souffle_tvm.planning.partials import split_pays
     from souffle_tvm.transforms.two_phase import Candidate
 
     assert split_pays(Candidate("long", "sum", 64, 131072, (64, 64), 4, 4, 1)) is None

@@ -19,7 +19,7 @@ from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.partition import kernels
 from souffle_tvm.partition.groups import outputs_of, readers_of
-from souffle_tvm.pipeline import policies
+from souffle_tvm.planning.schedules import ScheduleCache
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.runtime import races, traffic
@@ -77,7 +77,7 @@ def test_the_rule_schedules_one_kernel_with_its_tile_in_shared_memory():
     prog = _program("efficientnet")
     part, found = _windows(prog)
     readers = readers_of(prog)
-    cache = policies.ScheduleCache(CUDA, 256)
+    cache = ScheduleCache(CUDA, 256)
     for g in found:
         func, _ = cache.group_funcs(g, outputs_of(g, readers))
         done = cache(func)
@@ -111,7 +111,7 @@ def test_a_full_size_window_chain_matches_the_unscheduled_function(index):
     prog = _program("efficientnet", small=False)
     _, found = _windows(prog)
     g = found[index]
-    func, _ = policies.ScheduleCache(CUDA, 256).group_funcs(g, outputs_of(g, readers_of(prog)))
+    func, _ = ScheduleCache(CUDA, 256).group_funcs(g, outputs_of(g, readers_of(prog)))
     scheduled = WindowChain(256).apply(func, CUDA, False)
     assert scheduled is not None
     args = races.arguments(func, seed=index)

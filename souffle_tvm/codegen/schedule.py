@@ -77,7 +77,7 @@ def default_rules(block_size: int | None, gemm_k_tile: int | None = None,
 
 
 # Rules that schedule stitched stages at ``STITCH_BLOCK`` threads only: a subprogram with a stage
-# one of them scheduled keeps that block size (``partition.block_size``).
+# one of them scheduled keeps that block size (``partition.block_choice``).
 STITCH_BLOCK_ONLY_RULES = frozenset({"AtomicRows", "PartialRows", "TiledCombine", "database"})
 
 

@@ -1,7 +1,7 @@
 """Thread and tile geometry shared by the schedules, the transforms and the stitcher."""
 
 STITCH_BLOCK = 256            # one block size for every stage of a stitched kernel: the partitioner's
-# The block sizes a stitched subprogram may take instead (``partition.block_size``): the latency
+# The block sizes a stitched subprogram may take instead (``partition.block_choice``): the latency
 # model chooses per subprogram, after the partition was drawn at ``STITCH_BLOCK``.
 STITCH_BLOCKS = (128, 256, 512)
 

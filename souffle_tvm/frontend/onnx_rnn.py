@@ -145,7 +145,7 @@ class _Recurrence:
         """ONNX's gate-major ``[dirs, blocks*n*H, ...]`` (W, R; B has two blocks) reordered
         unit-major: entry ``n*u + k`` of each block is gate k of unit u. Any contiguous tile of
         a product's outputs then holds every gate of its units, so the cell update can run where
-        the gates were computed (``pipeline.joint_tiles``). A constant (an initializer) is
+        the gates were computed (``planning.joint_tiles``). A constant (an initializer) is
         reordered here, so neither build pays for it at run time."""
         if tensor is None:
             return None

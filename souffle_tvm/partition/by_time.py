@@ -20,7 +20,7 @@ import numpy as np
 from ..cost import estimate, hardware, latency
 from ..cost.measured import MeasuredTimes
 from ..core.geometry import STITCH_BLOCK
-from . import block_size
+from . import block_choice
 from .groups import Group
 from .subprograms import MAX_GROUPS_PER_SUBPROGRAM, MAX_STATEMENTS_PER_SUBPROGRAM, GroupFacts
 from ..cost.work import Stage
@@ -348,15 +348,15 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
             sizes: dict[int, Timer] | None = None) -> list[tuple[list[int], str]]:
     """The partition into subprograms that minimises predicted time (see the module doc).
 
-    ``facts`` must carry ``work`` and ``stages`` (``pipeline.policies.group_facts``); ``forced``
+    ``facts`` must carry ``work`` and ``stages`` (``planning.group_facts.group_facts``); ``forced``
     maps a group to the reason a boundary must follow it (ptxas feedback); ``measured``: GPU
     times that win over the model's (default: none); ``timer``: one already made (it caches stage
     times; the pipeline reuses it after partitioning); ``sweep``: price all windows from one
     start at once (``_Sweep``, the same figures; False: grow them one group at a time, the
     reference the tests hold it to); ``sizes``: the same groups priced at other block sizes
     (a ``Timer`` each, on facts of the groups scheduled at that size): a stitched window costs
-    what it costs at the size ``block_size.fastest`` takes, the size the stitcher then gives it
-    (``block_size.choose``). Returns (group indices, the reason for the boundary that ends the
+    what it costs at the size ``block_choice.fastest`` takes, the size the stitcher then gives it
+    (``block_choice.choose``). Returns (group indices, the reason for the boundary that ends the
     subprogram)."""
     forced = forced or {}
     n = len(groups)
@@ -418,7 +418,7 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
             why = stop if block == timer.block else {}      # the reasons name the partition's size
             per[block] = (fast[block].windows(i, why)[1] if fast is not None else
                           np.array([t for _, t in grow(i, block, why)]))
-        return per[timer.block] if len(per) == 1 else block_size.fastest(per)[0]
+        return per[timer.block] if len(per) == 1 else block_choice.fastest(per)[0]
 
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
@@ -445,7 +445,7 @@ def by_time(groups: list[Group], facts: GroupFacts, gpu: hardware.GPU, readers: 
         if (i, k) not in stitched:
             per = {block: np.array([next((t for j, t in grow(i, block, {}) if j == k), np.inf)])
                    for block in timers if unstitchable_at(block, i) is None}
-            t = float(block_size.fastest(per)[0][0]) if per else np.inf
+            t = float(block_choice.fastest(per)[0][0]) if per else np.inf
             stitched[(i, k)] = None if np.isinf(t) else t
         return stitched[(i, k)]
 

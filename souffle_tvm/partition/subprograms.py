@@ -1,7 +1,7 @@
 """Subprograms: which consecutive groups are stitched into ONE cooperative kernel (V3).
 
 Everything the decision needs about a group comes in as data, ``GroupFacts``, computed once by
-the pipeline (``pipeline.policies.group_facts``): whether it can be stitched, its size in
+the pipeline (``planning.group_facts.group_facts``): whether it can be stitched, its size in
 lowered statements, the static resource estimate of its stages, its code signature and the
 earlier group it repeats. ``by_budget`` (the default) and ``by_normalization`` draw the
 boundaries from those facts and the GPU's limits; every boundary keeps its reason
@@ -47,13 +47,13 @@ class GroupFacts:
     work: list[list[Stage]] = field(default_factory=list)
     kernel_keys: list[str | None] = field(default_factory=list)   # cost.measured keys of single-launch groups
     # per group: (producer, bytes of its reads that stay on chip when stitched with that producer)
-    # or None (``pipeline.onchip_credit``); empty: no credits
+    # or None (``planning.onchip_credit``); empty: no credits
     onchip: list[tuple[int, int] | None] = field(default_factory=list)
     # per group: ``work`` as its stages execute built as kernels of their own (TVM's pipeline
-    # places their barriers; ``pipeline.policies._work``); empty: as ``work``
+    # places their barriers; ``planning.block_counts.stage_work``); empty: as ``work``
     alone_work: list[list[Stage]] = field(default_factory=list)
     # per group: the producers whose output it reads block-locally when stitched with them (no
-    # grid sync between them; ``pipeline.onchip_credit``); empty: none known
+    # grid sync between them; ``planning.onchip_credit``); empty: none known
     local_producers: list[set[int]] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:

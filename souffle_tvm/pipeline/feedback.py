@@ -3,7 +3,7 @@
 After the first build, each stitched kernel's registers, shared memory and spills are known.
 A kernel that spills or leaves fewer blocks co-resident than the GPU has SMs is first stitched
 without its V4 prefetch (if it had one), else at the partition's block size (if the model gave
-it another, ``partition.block_size``), else cut in two where the fewest bytes cross; then
+it another, ``partition.block_choice``), else cut in two where the fewest bytes cross; then
 each cooperative kernel gets the grid its measured figures let be co-resident; last, a kernel
 whose registers alone hold its blocks per SM down gets a register cap (``__launch_bounds__``)
 where the latency model predicts the extra block per SM faster, kept only if ptxas then

@@ -107,7 +107,7 @@ class Feedback:
     their L2 prefetch (they did not fit with it). ``min_blocks``: stitched kernel name -> its
     register cap, as blocks per SM (``__launch_bounds__``). ``partition_block``: subprograms
     (their group positions, as tuples) stitched at the partition's block size whatever the
-    model prefers (they did not fit at the size it chose: ``partition.block_size``)."""
+    model prefers (they did not fit at the size it chose: ``partition.block_choice``)."""
 
     forced: dict = field(default_factory=dict)
     grids: dict | None = None

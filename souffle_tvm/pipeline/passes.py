@@ -42,13 +42,16 @@ from ..core.targets import is_cuda
 from ..core.geometry import STITCH_BLOCK
 from ..errors import CooperativeBuildWarning, SouffleError
 from ..partition import by_time, kernels, subprograms
-from ..partition.block_size import TIME_BLOCKS
+from ..partition.block_choice import TIME_BLOCKS
 from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
-from . import block_sizes, joint_tiles, policies, stage_counts
+from ..planning import at_block_sizes, block_counts, fused_or_alone, joint_tiles, schedules
+from ..planning import partials
+from ..planning.group_calls import GroupCalls
+from ..planning.group_facts import group_facts
 from .options import LEVEL_DISABLES, Feedback, Options
 
 PROGRAM = "souffle.te_program"
@@ -169,15 +172,15 @@ def TwoPhaseReduction(atomic: bool = False, judged: bool = False,  # noqa: N802
                       gemm_tile: int | None = None, row_chains: bool = True) -> tvm.transform.Pass:
     """Split GEMM-fed row reductions into block partials and a combine (see ``transforms.two_phase``);
     ``atomic``: fp32 sums accumulate with atomicAdd instead (CUDA); ``judged``: only where the
-    latency model predicts the split faster (``policies.split_pays``); ``gemm_tile``: the SIMT
+    latency model predicts the split faster (``planning.partials.split_pays``); ``gemm_tile``: the SIMT
     GEMM tile side the options fix (None: the one each GEMM's schedule sizes to the grid);
     ``row_chains``: the reductions of a row chain (``te.chains``; attention's softmax) stay
     whole, for the chain's kernel to hold its rows on chip."""
-    judge = policies.split_pays if judged else None
+    judge = partials.split_pays if judged else None
     return _transform_pass("souffle.TwoPhaseReduction",
-                           lambda prog: two_phase(prog, lambda gemm: policies.gemm_tile(gemm, gemm_tile),
+                           lambda prog: two_phase(prog, lambda gemm: partials.gemm_tile(gemm, gemm_tile),
                                                   atomic=atomic, judge=judge,
-                                                  whole=policies.held_whole(prog) if row_chains else None),
+                                                  whole=partials.held_whole(prog) if row_chains else None),
                            "two_phase", two_phase.__doc__)
 
 
@@ -201,7 +204,7 @@ class PartitionAndEmit:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prog = _program(mod)
         target = _target(self.target)
-        scheduled = policies.ScheduleCache(target, self.block_size, self.gemm_k_tile, self.database,
+        scheduled = schedules.ScheduleCache(target, self.block_size, self.gemm_k_tile, self.database,
                                            self.gemm_tile)
         part = kernels.partition_groups(prog, self.row_chains)
         readers = readers_of(prog)
@@ -212,7 +215,7 @@ class PartitionAndEmit:
         while pending:
             g = pending.pop(0)
             parts = [g] if g.opaque is not None else \
-                kernels.split_unschedulable(g, scheduled.why_not_fused(g, outputs_of(g, readers), readers))
+                kernels.split_unschedulable(g, fused_or_alone.why_not_fused(scheduled, g, outputs_of(g, readers), readers))
             if len(parts) == 1:
                 done.append(g)
             else:
@@ -229,7 +232,7 @@ class PartitionAndEmit:
         unscheduled = emit.emit_module(prog, part, funcs=scheduled.group_funcs)
         if self.block_size is not None and is_cuda(target):
             # consumers cut into their producers' blocks where that makes the edge block-local
-            aligned = joint_tiles.align(policies.GroupCalls(out, part.groups), unscheduled, target,
+            aligned = joint_tiles.align(GroupCalls(out, part.groups), unscheduled, target,
                                         self.block_size, scheduled)
             for name, (stamped, func) in aligned.items():
                 unscheduled[name], out[name] = stamped, func
@@ -265,24 +268,24 @@ class StitchSubprograms:
             raise SouffleError("StitchSubprograms needs the groups of PartitionAndEmit: run it first")
         prog, groups = info["program"], info["partition"].groups
         clean = without_records(mod)
-        calls = policies.GroupCalls(clean, groups)
+        calls = GroupCalls(clean, groups)
         gpu = hardware.for_arch(str(target.attrs["arch"]))
         grids = self.feedback.grids
         estimated = grids is None and self.feedback.estimated_grids
         sizes = self.partitioner in ("budget", "time") or estimated
         facts = info.get("group_facts")     # the same groups stitched again (ptxas feedback): asked once
         if facts is None or (sizes and not facts.statements):
-            facts = policies.group_facts(calls, target, sizes=sizes, unscheduled=info.get("unscheduled"))
+            facts = group_facts(calls, target, sizes=sizes, unscheduled=info.get("unscheduled"))
         at = None     # the groups at every block size (time and budget partitioners)
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
             timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
-            alone = policies.schedules_alone(clean, info["unscheduled"], groups, target, timer)
+            alone = fused_or_alone.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
-            at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
+            at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
                                       sizes=TIME_BLOCKS, gemm_k_tile=_gemm_k_tile(info))
-            block_sizes.faster_alone(at, alone)
+            at_block_sizes.faster_alone(at, alone)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
         else:
@@ -293,19 +296,19 @@ class StitchSubprograms:
             # checks them against ptxas' figures and the driver re-stitches where they differ
             grids = {kernel_name(k): subprograms.estimated_grid(facts, idx, gpu)
                      for k, (idx, _) in enumerate(subs) if len(idx) > 1 and all(i in calls.call_index for i in idx)}
-        built, sized = clean, block_sizes.StitchedBlocks()
+        built, sized = clean, at_block_sizes.StitchedBlocks()
         if self.partitioner == "time":
             # what stays alone is built as v2 builds it; ``clean`` (kept as "unstitched") keeps the
             # stitchable schedules, so a ptxas-feedback restitch can still join any groups
-            built = policies.reschedule_alone(clean, groups, subs, alone)
+            built = fused_or_alone.reschedule_alone(clean, groups, subs, alone)
         if self.partitioner in ("budget", "time"):
             # each stitched subprogram runs at the block size predicted fastest
             if self.partitioner == "budget":
-                at = block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
+                at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
                                           by_time.Timer(facts, gpu, latency.FITTED),
                                           {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
                                           gemm_k_tile=_gemm_k_tile(info))
-            sized = block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
+            sized = at_block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
                                             self.feedback.partition_block)
             if estimated:
                 grids.update(sized.grids)
@@ -317,7 +320,7 @@ class StitchSubprograms:
         work = {STITCH_BLOCK: facts.work, **({b: t.facts.work for b, t in at.others().items()} if at else {})}
         for k in stitched:
             k.block_reason = sized.why.get(k.index)
-            k.counted_alone = stage_counts.counted_alone(k.stage_ids, work.get(k.block), calls)
+            k.counted_alone = block_counts.counted_alone(k.stage_ids, work.get(k.block), calls)
         if mod.attrs is not None and PARAMS in mod.attrs:
             out = out.with_attr(PARAMS, mod.attrs[PARAMS])
         return out.with_attr(INFO, tvm_ffi.convert({**info, "unstitched": clean, "stitched": stitched,

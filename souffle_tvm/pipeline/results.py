@@ -44,7 +44,7 @@ class SouffleModule:
     schedule_notes: list = field(default_factory=list)
     rule_failures: int = 0     # schedule rules that raised, candidate groups included
     group_facts: object = None  # what the subprogram partitioner was told of each group (kept for restitch)
-    at_sizes: object = None     # the same at every block size (``block_sizes.AtSizes``; kept for restitch)
+    at_sizes: object = None     # the same at every block size (``planning.at_block_sizes.AtSizes``; kept for restitch)
 
 
 def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Options | None = None,

@@ -43,7 +43,7 @@ class StitchedKernel:
     stage_ids: list[StageId] = field(default_factory=list)   # per entry of ``stages``: its PrimFunc and region
     geometry: list[tuple[int, int]] = field(default_factory=list)   # per stage: (tiles, threads) as its own kernel
     min_blocks: int | None = None  # register cap: nvcc leaves room for this many blocks per SM
-    block: int = STITCH_BLOCK      # threads per block (``partition.block_size``)
+    block: int = STITCH_BLOCK      # threads per block (``partition.block_choice``)
     # stage PrimFunc name -> its schedule at ``block``, where that is not the module's (``STITCH_BLOCK``) one
     stage_funcs: dict = field(default_factory=dict)
     block_reason: str | None = None   # why ``block`` is not ``STITCH_BLOCK``
@@ -121,7 +121,7 @@ def stitch_module(mod: tvm.IRModule, target: tvm.target.Target, subprograms: lis
     stages has (more would idle at every grid sync). The co-resident limit is left to the
     build, which has ptxas' figures. ``min_blocks``: kernel name -> its register cap (blocks
     per SM nvcc must leave room for). ``blocks``: kernel name -> (its threads per block, its stage
-    PrimFuncs scheduled at that size by name) where it is not ``block`` (``partition.block_size``).
+    PrimFuncs scheduled at that size by name) where it is not ``block`` (``partition.block_choice``).
     Identical kernels (repeated layers) share one PrimFunc.
     """
     blocks = blocks or {}

@@ -200,11 +200,11 @@ def two_phase(prog: TEProgram, gemm_tile: GemmTile, atomic: bool = False, judge:
     block tile, in at least two partials per row.
 
     ``gemm_tile(gemm)``: the (rows, cols) output tile one block of the GEMM's schedule writes,
-    which a partial can share, or None (the code generator knows; ``pipeline.policies.gemm_tile``
+    which a partial can share, or None (the code generator knows; ``planning.partials.gemm_tile``
     asks it). Only those reductions are split: elsewhere a partial would need a grid sync anyway.
 
     ``judge(candidate)``: None to split a reduction that can be split, else the reason it is
-    kept (``pipeline.policies.split_pays`` asks the latency model); without one, every candidate
+    kept (``planning.partials.split_pays`` asks the latency model); without one, every candidate
     is split.
 
     ``whole``: op -> why its rows stay whole (a row chain holds them on chip, ``te.chains``):

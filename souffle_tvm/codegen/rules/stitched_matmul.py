@@ -77,7 +77,7 @@ class StitchedMatmul(CUDAScheduleRule, dl.gpu.Matmul):
     def apply(self, func, target, tunable):
         if self.micro is not None and self.k_tile is not None:
             return self._apply(func, target, self.micro, self.k_tile)
-        # (repeats are not scheduled again: pipeline.policies keeps the default rules' schedules
+        # (repeats are not scheduled again: planning.group_facts keeps the default rules' schedules
         # across compiles, and each GEMM's tile for the two-phase pass)
         extents = contraction_extents(func)
         if extents == ():

@@ -27,7 +27,8 @@ from ..core.ir_names import ALIGNED_TILES_ATTR
 from ..errors import StitchError
 from ..stitch import lower
 from . import onchip_credit
-from .policies import GroupCalls, ScheduleCache
+from .group_calls import GroupCalls
+from .schedules import ScheduleCache
 
 
 def align(calls: GroupCalls, unscheduled: tvm.IRModule, target: tvm.target.Target, block: int,

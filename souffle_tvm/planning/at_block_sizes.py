@@ -1,5 +1,5 @@
 """Groups at every stitched block size, asked of the code generator for the partitioner
-(``partition.block_size``, ``partition.by_time``): each group scheduled again at each of
+(``partition.block_choice``, ``partition.by_time``): each group scheduled again at each of
 ``STITCH_BLOCKS`` threads, lowered and priced; then each stitched subprogram's size, for the
 stitcher."""
 
@@ -15,12 +15,14 @@ from ..codegen.schedule import STITCH_BLOCK_ONLY_RULES
 from ..core.geometry import STITCH_BLOCK, STITCH_BLOCKS
 from ..core.ir_names import SOURCE_ATTR
 from ..errors import ScheduleError, StitchError
-from ..partition import block_size
+from ..partition import block_choice
 from ..partition.by_time import Timer, window_seconds
 from ..partition.groups import Group
 from ..partition.subprograms import estimated_grid
 from ..stitch.module import kernel_name
-from .policies import GroupCalls, ScheduleCache, default_schedule, group_facts
+from .group_calls import GroupCalls
+from .group_facts import group_facts
+from .schedules import ScheduleCache, default_schedule
 
 
 @dataclass
@@ -118,7 +120,7 @@ def faster_alone(at: AtSizes, alone: dict[int, tirx.PrimFunc]) -> None:
 
 def block_sizes(at: AtSizes, mod: tvm.IRModule, groups: list[Group], subprograms: list[tuple[list[int], str]],
                 producers: list[set[int]], keep: frozenset = frozenset()) -> StitchedBlocks:
-    """Each stitched subprogram's block size (``partition.block_size.choose`` on ``at``'s
+    """Each stitched subprogram's block size (``partition.block_choice.choose`` on ``at``'s
     timers; ``mod``: the groups scheduled at ``STITCH_BLOCK``): those in ``keep`` (group
     positions as tuples: ptxas found them over budget at the size chosen) stay at
     ``STITCH_BLOCK``, and so does every piece a later split cuts from them (choosing the larger
@@ -129,7 +131,7 @@ def block_sizes(at: AtSizes, mod: tvm.IRModule, groups: list[Group], subprograms
     for k, (idx, _) in enumerate(subprograms):
         if len(idx) < 2 or any(set(idx) <= t for t in kept):
             continue
-        choice = block_size.choose({b: window_seconds(t, producers, idx) for b, t in at.timers.items()})
+        choice = block_choice.choose({b: window_seconds(t, producers, idx) for b, t in at.timers.items()})
         if choice is None:
             continue
         name = kernel_name(k)
