@@ -16,7 +16,8 @@ from souffle_tvm.core.ir_names import GEMM_TILE_ATTR
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.errors import ScheduleError
 from souffle_tvm.partition.block_choice import MIN_GAIN, choose, fastest
-from souffle_tvm.partition.by_time import Timer, by_time, window_seconds
+from souffle_tvm.partition.by_time import by_time
+from souffle_tvm.partition.window_prices import Timer, window_seconds
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.stitch import lower
 from conftest import needs_nvcc, require_nvcc

@@ -1,4 +1,4 @@
-"""The package's shape: imports point one way, no circles, no module past 500 lines.
+"""The package's shape: imports point one way, no circles, no module past 450 lines.
 
 The layer order is written once, here (docs/architecture.md explains it): a module may import
 from its own layer's package and from the layers before it, never from a later one. Every
@@ -37,7 +37,7 @@ LAYERS = [
     ("cli",),
     ("",),
 ]
-MAX_LINES = 500
+MAX_LINES = 450
 WITHOUT_TVM = ("souffle_tvm.zoo", "souffle_tvm.runtime.numerics", "souffle_tvm.runtime.standalone")
 
 

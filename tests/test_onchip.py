@@ -168,7 +168,7 @@ def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
     it; a window holding the GEMM prices them no higher than one that does not, lower where the
     bytes matter to the model."""
     from souffle_tvm.cost import hardware, latency
-    from souffle_tvm.partition import by_time
+    from souffle_tvm.partition import window_prices
     from souffle_tvm.planning.group_calls import GroupCalls
     from souffle_tvm.planning.group_facts import group_facts
 
@@ -181,7 +181,7 @@ def test_the_partitioner_credits_what_a_stitched_window_reads_on_chip():
     tile_bytes = 128 * 256 * 4
     credited = {i: c for i, c in enumerate(facts.onchip) if c is not None}
     assert len(credited) == 2 and all(c == (gemm, tile_bytes) for c in credited.values()), facts.onchip
-    timer = by_time.Timer(facts, hardware.for_arch("sm_90"), latency.FITTED)
+    timer = window_prices.Timer(facts, hardware.for_arch("sm_90"), latency.FITTED)
     for slots in (1, 132):
         assert all(timer.member_seconds(g, slots, True, gemm) <= timer.member_seconds(g, slots, True, gemm + 1)
                    for g in credited)

@@ -74,12 +74,12 @@ def test_a_gemv_k_loop_waits_alone_but_not_stitched():
     assert [w.k_steps for w in stitched] == [0]
     # and the price follows: alone it waits 8 steps at the fitted step cost
     from souffle_tvm.cost import estimate, hardware, latency
-    from souffle_tvm.partition import by_time
+    from souffle_tvm.partition import window_prices
     gpu = hardware.for_arch("sm_90")
     est = [estimate.stage(st.body) for st in lowered]
     waits = 8 * latency.FITTED.kstep_cycles / gpu.clock_hz
-    assert by_time.alone_seconds(gpu, latency.FITTED, alone, est) >= waits
-    assert by_time.alone_seconds(gpu, latency.FITTED, stitched, est) < waits
+    assert window_prices.alone_seconds(gpu, latency.FITTED, alone, est) >= waits
+    assert window_prices.alone_seconds(gpu, latency.FITTED, stitched, est) < waits
 
 
 def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
@@ -90,7 +90,7 @@ def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
 
     from souffle_tvm.cost import hardware, latency
     from souffle_tvm.frontend.importer import import_onnx
-    from souffle_tvm.partition import by_time
+    from souffle_tvm.partition import window_prices
     from souffle_tvm.partition.groups import readers_of
     from souffle_tvm.pipeline import results
     from souffle_tvm.pipeline.options import Options
@@ -102,10 +102,10 @@ def test_the_partitioner_counts_the_grid_syncs_the_stitcher_puts():
     (stitched,) = built.stitched
     facts, groups = built.group_facts, built.partition.groups
     assert sum(bool(p) for p in facts.local_producers) >= 6      # every step's cell update
-    producers = by_time.producers_of(groups, readers_of(built.program))
+    producers = window_prices.producers_of(groups, readers_of(built.program))
 
     def syncs(f):
-        w = by_time.Window(by_time.Timer(f, hardware.for_arch("sm_90"), latency.FITTED), producers, idx[0])
+        w = window_prices.Window(window_prices.Timer(f, hardware.for_arch("sm_90"), latency.FITTED), producers, idx[0])
         for g in idx:
             w.add(g)
         return w.syncs

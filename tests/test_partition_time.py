@@ -68,7 +68,7 @@ def test_partition_minimises_predicted_time():
               [(1, 4096, 10**4), (2000, 2**26, 10**6), (3, 10**5, 10**8), (1, 4096, 10**4), (800, 2**24, 10**9)]]
     regs = [40, 32, 200, 40, 120]
     facts = _facts(stages, regs)
-    from souffle_tvm.partition.by_time import Timer, Window
+    from souffle_tvm.partition.window_prices import Timer, Window
 
     timer = Timer(facts, H200, C)
 

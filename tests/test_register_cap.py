@@ -16,9 +16,10 @@ from souffle_tvm.cost.hardware import GPUS, occupancy
 from souffle_tvm.core.ir_names import MIN_BLOCKS_ATTR
 from souffle_tvm.errors import StitchError
 from souffle_tvm.pipeline import feedback
-from souffle_tvm.pipeline.register_caps import register_cap, register_caps
+from souffle_tvm.build.facts import BuildFacts, KernelFacts, PlannedStage
+from souffle_tvm.cost.work import Stage
 from souffle_tvm.pipeline.building import cuda_source
-from souffle_tvm.report.schema import KernelReport, Report
+from souffle_tvm.planning.register_caps import register_cap, register_caps
 from conftest import needs_nvcc
 
 H200 = GPUS["h200"]
@@ -70,16 +71,16 @@ def test_the_build_turns_the_attribute_into_launch_bounds_and_ptxas_obeys():
 
 
 def _row(registers, shared, tiles):
-    stage = {"tiles": tiles, "threads": 256, "bytes": tiles * 64 * 1024, "flops": 0}
-    return KernelReport("souffle_stitched_0_kernel", "souffle_stitched_0", [396, 1, 1], [256, 1, 1], registers,
-                        shared, 0, 1, 0, 0, stages=["a", "b"], grid_syncs=1, cooperative=True,
-                        stage_plan=[stage, stage])
+    stage = PlannedStage(Stage(tiles, 256, tiles * 64 * 1024, 0))
+    return KernelFacts("souffle_stitched_0_kernel", "souffle_stitched_0", [396, 1, 1], [256, 1, 1], registers,
+                       shared, 0, 1, 0, 0, stages=["a", "b"], grid_syncs=1, cooperative=True,
+                       stage_plan=[stage, stage])
 
 
 def _caps(row, max_blocks):
-    report = Report("m", "cuda", "sm_90", "souffle", 1, 1, 0.0, 0, 0, {}, kernels=[row])
+    facts = BuildFacts("m", "cuda", "sm_90", [row], 1, 0.0)
     stitched = [SimpleNamespace(function="souffle_stitched_0", stages=["a", "b"], max_blocks=max_blocks)]
-    return register_caps(report, stitched, "sm_90")
+    return register_caps(facts, stitched, "sm_90")
 
 
 def test_a_register_bound_kernel_with_tiles_to_spare_is_offered_a_cap():
@@ -111,7 +112,7 @@ def test_a_cap_that_makes_ptxas_spill_is_not_kept():
     from souffle_tvm.pipeline.driver import compile as compile_model
 
     tried = []
-    build = feedback.build_and_report
+    build = feedback.build
 
     def recording(*args, **kwargs):
         out = build(*args, **kwargs)
@@ -119,7 +120,7 @@ def test_a_cap_that_makes_ptxas_spill_is_not_kept():
         return out
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(feedback, "build_and_report", recording)
+    mp.setattr(feedback, "build", recording)
     try:
         report = compile_model("swin", "cuda", "souffle", small=True, level="v3").report
     finally:
@@ -140,7 +141,7 @@ def test_a_cap_that_pays_is_built_into_the_kernel(monkeypatch):
     monkeypatch.setattr(feedback, "register_caps", lambda report, stitched, arch: {
         k.function: (6, k.grid, "planted") for k in stitched if len(k.stages) > 1})
     monkeypatch.setattr(feedback, "graph_seconds",
-                        lambda planned, arch: 0.0 if any(k.min_blocks for k in planned.kernels) else 1.0)
+                        lambda planned: 0.0 if any(k.min_blocks for k in planned.kernels) else 1.0)
     compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
     (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
     assert kernel.min_blocks == 6 and kernel.registers <= 40 and not kernel.spill_bytes
@@ -179,12 +180,12 @@ def test_a_grid_the_settled_build_leaves_room_for_is_launched_under_a_cap(monkey
     coresident = feedback.coresident_grids
     calls = []
 
-    def one_block_first(report, souffle):
+    def one_block_first(facts, souffle):
         calls.append(1)
-        return {k.function: 1 for k in souffle.stitched} if len(calls) == 1 else coresident(report, souffle)
+        return {k.function: 1 for k in souffle.stitched} if len(calls) == 1 else coresident(facts, souffle)
 
     monkeypatch.setattr(feedback, "coresident_grids", one_block_first)
-    monkeypatch.setattr(feedback, "graph_seconds", lambda planned, arch: 0.0 if any(
+    monkeypatch.setattr(feedback, "graph_seconds", lambda planned: 0.0 if any(
         k.cooperative and k.grid[0] > 1 for k in planned.kernels) else 1.0)
     compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
     (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
@@ -192,7 +193,7 @@ def test_a_grid_the_settled_build_leaves_room_for_is_launched_under_a_cap(monkey
     assert "__launch_bounds__(256, 1)" in compiled.cuda_source
     # and where the model does not say it pays, the settled grid stays
     calls.clear()
-    monkeypatch.setattr(feedback, "graph_seconds", lambda planned, arch: 1.0)
+    monkeypatch.setattr(feedback, "graph_seconds", lambda planned: 1.0)
     compiled = compile_model("mmoe", "cuda", "souffle", small=True, level="v3")
     (kernel,) = [k for k in compiled.report.kernels if k.cooperative]
     assert kernel.grid[0] == 1 and kernel.min_blocks is None

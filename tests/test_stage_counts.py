@@ -11,8 +11,7 @@ from souffle_tvm.cost import latency
 from souffle_tvm.core.geometry import STITCH_BLOCK
 from souffle_tvm.cost.hardware import GPUS
 from souffle_tvm.pipeline import driver, feedback
-from souffle_tvm.pipeline.register_caps import graph_seconds
-from souffle_tvm.report.assemble import with_stitched_facts
+from souffle_tvm.report import assemble
 from conftest import needs_nvcc
 from souffle_tvm.cost.work import BlockCounts, Stage
 
@@ -54,7 +53,7 @@ def resnext_v3():
 @needs_nvcc
 def test_a_stitched_stage_carries_the_counts_the_partitioner_priced(resnext_v3):
     built = resnext_v3["built"]
-    report = with_stitched_facts(built.report, built.result, built.souffle.stitched, built.souffle.unstitched)
+    report = assemble.render(built.facts)
     checked = 0
     for sk in (k for k in built.souffle.stitched if len(k.stages) > 1):
         (row,) = [r for r in report.kernels if r.primfunc == sk.function][:1]
@@ -75,6 +74,19 @@ def test_a_stitched_stage_carries_the_counts_the_partitioner_priced(resnext_v3):
 
 
 @needs_nvcc
+def test_the_report_prices_what_the_feedback_loop_priced(resnext_v3):
+    """The feedback loop prices the build's facts directly; the report is rendered from them once.
+    Read back from the report's rows (as an experiment reads a saved report), every kernel is the
+    very kernel the loop priced: stages, counts, launches, resources."""
+    built = resnext_v3["built"]
+    rows = [dataclasses.asdict(r) for r in assemble.render(built.facts).kernels]
+    assert any(k.stage_plan for k in built.facts.kernels) and any(k.counts for k in built.facts.kernels)
+    assert latency.kernels_from_rows(rows) == built.facts.cost_kernels()
+    compiled = resnext_v3["compiled"].report
+    assert compiled.latency["graph_ms"] == pytest.approx(built.facts.graph_seconds() * 1e3, abs=1e-4)
+
+
+@needs_nvcc
 def test_the_block_size_chosen_is_not_priced_slower_once_built(resnext_v3):
     """The partitioner's windows put small ResNeXt's stitched kernel at 128 threads: its
     matrix-vector stage (two tiles at 256, four at 128) moves its lane-per-row sectors through
@@ -87,17 +99,18 @@ def test_the_block_size_chosen_is_not_priced_slower_once_built(resnext_v3):
     arch = str(target.attrs["arch"])
     resized = {tuple(souffle.subprograms[k.index][0]) for k in souffle.stitched if k.block != STITCH_BLOCK}
     assert resized, "small ResNeXt's stitched kernel kept 256 threads: nothing to compare"
-    chosen = graph_seconds(with_stitched_facts(built.report, built.result, souffle.stitched, souffle.unstitched), arch)
+    chosen = built.facts.graph_seconds()
     fb = dataclasses.replace(souffle.feedback, partition_block=souffle.feedback.partition_block | resized,
                              grids=None, estimated_grids=True, min_blocks={})
-    again, result, report, _, _ = feedback._rebuild(imported, souffle, target, fb, True)
-    grids = feedback.coresident_grids(report, again)
+    again = feedback._rebuild(imported, built, target, fb, True)
+    grids = feedback.coresident_grids(again.facts, again.souffle)
     if grids:       # as settle does: the grid its ptxas figures allow
-        fb = dataclasses.replace(again.feedback, grids={k.name: grids.get(k.function, k.grid) for k in again.stitched})
-        again, result, report, _, _ = feedback._rebuild(imported, again, target, fb, True)
-    assert {k.block for k in again.stitched if len(k.stages) > 1} == {STITCH_BLOCK}
-    at_256 = graph_seconds(with_stitched_facts(report, result, again.stitched, again.unstitched), arch)
-    assert chosen <= at_256
+        fb = dataclasses.replace(again.souffle.feedback,
+                                 grids={k.name: grids.get(k.function, k.grid) for k in again.souffle.stitched})
+        again = feedback._rebuild(imported, again, target, fb, True)
+    assert {k.block for k in again.souffle.stitched if len(k.stages) > 1} == {STITCH_BLOCK}
+    assert again.facts.arch == arch
+    assert chosen <= again.facts.graph_seconds()
 
 
 @needs_nvcc
@@ -106,18 +119,18 @@ def test_the_partitioner_prices_the_window_as_the_report_prices_its_kernel(resne
     within 2% (small ResNeXt at 128 threads: 97.8 against 98.4 us). Priced without the on-chip
     credits and block-local reads at that size, the window paid 3 grid syncs the stitcher does
     not put: 103.0 us."""
-    from souffle_tvm.partition import by_time
+    from souffle_tvm.partition import window_prices
     from souffle_tvm.partition.groups import readers_of
 
     built, target = resnext_v3["built"], resnext_v3["target"]
     souffle = built.souffle
     gpu = GPUS["h200"]
-    report = with_stitched_facts(built.report, built.result, souffle.stitched, souffle.unstitched)
-    producers = by_time.producers_of(souffle.partition.groups, readers_of(souffle.program))
+    report = assemble.render(built.facts)
+    producers = window_prices.producers_of(souffle.partition.groups, readers_of(souffle.program))
     compared = 0
     for sk in (k for k in souffle.stitched if len(k.stages) > 1):
         timer = souffle.at_sizes.timers[sk.block]
-        window = by_time.window_seconds(timer, producers, souffle.subprograms[sk.index][0]) - timer.node
+        window = window_prices.window_seconds(timer, producers, souffle.subprograms[sk.index][0]) - timer.node
         (row,) = [r for r in report.kernels if r.primfunc == sk.function][:1]
         (kernel,) = latency.kernels_from_rows([dataclasses.asdict(row)])
         priced = latency.kernel_time(gpu, latency.FITTED, kernel).seconds

@@ -17,6 +17,7 @@ from tvm.script import tirx as T
 
 from conftest import ZOO
 from souffle_tvm.build import executable
+from souffle_tvm.build.facts import cuda_facts
 from souffle_tvm.cost import tir_stats
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.report import assemble
@@ -81,7 +82,7 @@ def test_a_cuda_kernel_with_two_same_named_buffers_reports_both():
     (kernel,) = [k for k in result.kernels if k.primfunc == "_relu"]
     assert kernel.global_buffers == {0: SIZE, 1: SIZE}
     assert kernel.stored == {1}
-    report = assemble.cuda_report("relu", target, result, None, {"available": False, "seconds": 0, "note": ""})
+    report = assemble.render(cuda_facts("relu", target, result, None, {"available": False, "seconds": 0, "note": ""}))
     (kr,) = [k for k in report.kernels if k.primfunc == "_relu"]
     assert (kr.bytes, kr.written_bytes) == (2 * SIZE, SIZE)
 
@@ -248,7 +249,7 @@ def test_tvm_kernels_of_small_bert_are_held_to_their_counts():
 
     m = import_onnx("bert", small=True)
     result = executable.build(m.mod, CUDA)
-    report = assemble.cuda_report("bert", CUDA, result, None, {"available": False, "seconds": 0, "note": ""})
+    report = assemble.render(cuda_facts("bert", CUDA, result, None, {"available": False, "seconds": 0, "note": ""}))
     held = _held(m, result.fused, m.params, report, result)
     assert [h for h in held if not h.equal] == [] and len(held) == len(report.kernels)
     assert report.counted["bytes"] <= report.bytes
@@ -264,9 +265,8 @@ def test_tvm_kernels_of_small_bert_are_held_to_their_counts():
 def _souffle_report(m, souffle):
     from souffle_tvm.pipeline import building
 
-    result, report, _ = building.build_and_report(m, souffle, CUDA, False)
-    assemble.with_stitched_facts(report, result, souffle.stitched, souffle.unstitched)
-    return result, report
+    result, facts, _ = building.build(m, souffle, CUDA, False)
+    return result, assemble.render(facts)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "mmoe" else pytest.mark.slow) for n in ZOO])

@@ -50,6 +50,13 @@ class BlockCounts:
         busiest = d.pop("busiest", None)
         return cls(**d, busiest=cls.from_dict(busiest) if busiest else None)
 
+    def rounded(self) -> "BlockCounts":
+        """These counts as they are kept (``as_dict``: fractional counts to 2 decimals), which is
+        what a report row carries and the latency model prices."""
+        return replace(self, shared_wavefronts=round(self.shared_wavefronts, 2),
+                       global_requests=round(self.global_requests, 2), global_sectors=round(self.global_sectors, 2),
+                       busiest=self.busiest.rounded() if self.busiest is not None else None)
+
     def chain_cycles(self, step_cycles: float, compute_cycles: float = 0.0) -> float:
         """One block alone: its unpipelined steps at ``step_cycles`` each, its pipelined steps'
         barriers, and between them its shared wavefronts and its arithmetic (``compute_cycles``:

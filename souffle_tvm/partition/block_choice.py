@@ -6,7 +6,7 @@ let more blocks be resident, so a stage of many one-block tiles (a row reduction
 convolution) runs in fewer waves, each paying its round trip; more threads give a stage of
 few tiles more warps to hide its loads behind. Which wins depends on every stage of the
 kernel and on the worst stage's registers, imposed on all; the model prices the whole window
-at each size (``by_time.window_seconds``, the partitioner's own pricing) and the fastest is
+at each size (``window_prices.window_seconds``, the partitioner's own pricing) and the fastest is
 kept. The time-driven partitioner prices every window so (``by_time(sizes=...)``): where a
 window is faster at another size, that size can draw its boundaries.
 """

@@ -1,4 +1,4 @@
-"""Build a model (TVM's module or Souffle's) and report on it, with ptxas' figures where nvcc is."""
+"""Build a model (TVM's module or Souffle's) and gather its facts, with ptxas' figures where nvcc is."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import time
 from tvm import relax
 
 from ..build import executable, ptxas
+from ..build.facts import BuildFacts, add_stitched_work, cpu_facts, cuda_facts
 from ..core import progress
 from ..core.targets import describe, is_cuda
 from ..frontend.importer import ImportedModel
-from ..report import assemble
-from ..report.schema import Report
 from .results import SouffleModule
 
 
@@ -46,22 +45,22 @@ def _ptxas_figures(src: str | None, arch: str, use_nvcc: bool) -> tuple[dict | N
     return figures, {"available": figures is not None, "seconds": round(time.perf_counter() - t, 3), "note": ""}
 
 
-def build_and_report(imported: ImportedModel, souffle: SouffleModule | None, target,
-                     use_nvcc: bool) -> tuple[executable.BuildResult, Report, str | None]:
-    """Build the imported model (or its Souffle module) and report on it, each cooperative
-    kernel with its co-resident limit (the driver refuses grids above it at the end)."""
+def build(imported: ImportedModel, souffle: SouffleModule | None, target,
+          use_nvcc: bool) -> tuple[executable.BuildResult, BuildFacts, str | None]:
+    """Build the imported model (or its Souffle module): (the build, its facts, its CUDA
+    source), each cooperative kernel with its co-resident limit (the driver refuses grids
+    above it at the end) and each stitched kernel with its stages' plan."""
     t0 = time.perf_counter()
     progress.step(f"building with TVM for {describe(target)}")
     if souffle is not None:
         result = executable.build(souffle.mod, target, stats_from=souffle.unscheduled)
-        assemble.add_stitched_work(result, souffle.stitched)
+        add_stitched_work(result, souffle.stitched)
     else:
         result = executable.build(imported.mod, target)
     result.seconds = time.perf_counter() - t0
+    stitched, unstitched = (souffle.stitched, souffle.unstitched) if souffle is not None else ((), None)
     if not is_cuda(target):
-        return result, assemble.cpu_report(imported.name, result), None
+        return result, cpu_facts(imported.name, result, stitched, unstitched), None
     src = cuda_source(result.executable)
     figures, nvcc = _ptxas_figures(src, str(target.attrs["arch"]), use_nvcc)
-    report = assemble.cuda_report(imported.name, target, result, figures, nvcc)
-    assemble.check_coresidency(report, str(target.attrs["arch"]), raise_=False)
-    return result, report, src
+    return result, cuda_facts(imported.name, target, result, figures, nvcc, stitched, unstitched), src

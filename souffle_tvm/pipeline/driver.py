@@ -13,6 +13,7 @@ from tvm import relax
 
 from ..build import cuda_graph as cuda_graph_build
 from ..build import ptxas
+from ..build.facts import check_coresidency
 from ..core import progress
 from ..core.targets import describe, is_cuda, make_target
 from ..errors import LoweringError
@@ -20,7 +21,7 @@ from ..frontend.importer import ImportedModel, import_onnx
 from ..report import assemble, counted, predicted
 from ..report.schema import Report
 from . import results
-from .building import build_and_report
+from .building import build
 from .feedback import settle
 from .options import AUTO, STITCHING_LEVELS, Feedback, Options
 
@@ -86,22 +87,25 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
         if souffle is not None and is_cuda(tgt):
             built = settle(imported, souffle, tgt, nvcc)
-            souffle, result, report, src, nvcc_seconds = (built.souffle, built.result, built.report, built.source,
-                                                          built.nvcc_seconds)
+            souffle, result, facts, src, nvcc_seconds = (built.souffle, built.result, built.facts, built.source,
+                                                         built.nvcc_seconds)
         else:
-            result, report, src = build_and_report(imported, souffle, tgt, nvcc)
-            nvcc_seconds = report.nvcc.get("seconds", 0.0)
+            result, facts, src = build(imported, souffle, tgt, nvcc)
+            nvcc_seconds = facts.nvcc.get("seconds", 0.0)
+    graphs = None
     if cuda_graph and is_cuda(tgt):
         summary = cuda_graph_build.summary(result.executable, set(result.calls))
-        for kr in report.kernels:
-            kr.launches_outside_graph = summary["outside_by_function"].get(kr.primfunc, 0)
-        report.cuda_graph = {k: v for k, v in summary.items() if k != "outside_by_function"}
-    if is_cuda(tgt) and report.nvcc.get("available"):
-        assemble.check_coresidency(report, str(tgt.attrs["arch"]))   # never launch a grid that cannot be co-resident
+        for k in facts.kernels:
+            k.launches_outside_graph = summary["outside_by_function"].get(k.primfunc, 0)
+        graphs = {k: v for k, v in summary.items() if k != "outside_by_function"}
+    if is_cuda(tgt) and facts.nvcc.get("available"):
+        check_coresidency(facts)   # never launch a grid that cannot be co-resident
     if souffle is not None:
         imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
     result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
-    report.compile_seconds = round(result.seconds, 3)
+    facts.seconds = result.seconds
+    report = assemble.render(facts)    # the report, once, from what was built
+    report.cuda_graph = graphs
     report.nvcc["seconds"] = round(nvcc_seconds, 3)
     report.fusion = fusion
     if souffle is None:
@@ -109,9 +113,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     if fusion == "souffle":
         report.fallback = fallback
         if souffle is not None:
-            assemble.add_souffle_decisions(report, result, level, souffle.partition, souffle.program,
-                                           souffle.subprograms, souffle.stitched, souffle.schedule_notes,
-                                           souffle.rule_failures, souffle.unstitched)
+            assemble.add_souffle_decisions(report, level, souffle.partition, souffle.program, souffle.subprograms,
+                                           souffle.stitched, souffle.schedule_notes, souffle.rule_failures)
             assemble.add_reductions(report, souffle.two_phase)
             assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
             if database is not None:
@@ -121,7 +124,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         stitched = souffle.stitched if souffle is not None else []
         counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
                       imported.params, result.footprints, stitched)
-    predicted.add_latency(report)
+    predicted.add_latency(report, facts.cost_kernels())
     compiled = Compiled(imported, tgt, result.executable, report, src)
     if auto and souffle is not None and is_cuda(tgt) and report.latency:
         progress.step("TVM's own build, to compare predicted times")

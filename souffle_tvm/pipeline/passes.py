@@ -41,15 +41,14 @@ from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
 from ..core.geometry import STITCH_BLOCK
 from ..errors import CooperativeBuildWarning, SouffleError
-from ..partition import by_time, kernels, subprograms
+from ..partition import by_time, kernels, subprograms, window_prices
 from ..partition.block_choice import TIME_BLOCKS
 from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
 from ..transforms import fold_weights, horizontal, two_phase, vertical
-from ..planning import at_block_sizes, block_counts, fused_or_alone, joint_tiles, schedules
-from ..planning import partials
+from ..planning import at_block_sizes, block_counts, fused_or_alone, joint_tiles, partials, schedules
 from ..planning.group_calls import GroupCalls
 from ..planning.group_facts import group_facts
 from .options import LEVEL_DISABLES, Feedback, Options
@@ -280,7 +279,7 @@ class StitchSubprograms:
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
-            timer = by_time.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
+            timer = window_prices.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
             alone = fused_or_alone.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
             at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
@@ -305,10 +304,10 @@ class StitchSubprograms:
             # each stitched subprogram runs at the block size predicted fastest
             if self.partitioner == "budget":
                 at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
-                                          by_time.Timer(facts, gpu, latency.FITTED),
+                                          window_prices.Timer(facts, gpu, latency.FITTED),
                                           {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
                                           gemm_k_tile=_gemm_k_tile(info))
-            sized = at_block_sizes.block_sizes(at, clean, groups, subs, by_time.producers_of(groups, readers_of(prog)),
+            sized = at_block_sizes.block_sizes(at, clean, groups, subs, window_prices.producers_of(groups, readers_of(prog)),
                                             self.feedback.partition_block)
             if estimated:
                 grids.update(sized.grids)

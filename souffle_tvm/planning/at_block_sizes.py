@@ -16,7 +16,7 @@ from ..core.geometry import STITCH_BLOCK, STITCH_BLOCKS
 from ..core.ir_names import SOURCE_ATTR
 from ..errors import ScheduleError, StitchError
 from ..partition import block_choice
-from ..partition.by_time import Timer, window_seconds
+from ..partition.window_prices import Timer, window_seconds
 from ..partition.groups import Group
 from ..partition.subprograms import estimated_grid
 from ..stitch.module import kernel_name

@@ -19,7 +19,7 @@ from ..codegen.rules.gemm_tiles import block_count
 from ..core.targets import is_cuda
 from ..cost import estimate, hardware, latency
 from ..errors import ScheduleError, StitchError
-from ..partition import by_time, kernels
+from ..partition import kernels, window_prices
 from ..partition.groups import Group, outputs_of
 from ..stitch import lower
 from .block_counts import stage_work
@@ -82,7 +82,7 @@ def _scheduled_alone_seconds(cache: ScheduleCache, func: tirx.PrimFunc) -> float
     except (ScheduleError, StitchError):
         return None
     gpu = hardware.for_arch(str(cache.target.attrs.get("arch", "sm_90")))
-    return by_time.alone_seconds(gpu, latency.FITTED, stage_work(scheduled, lowered, func, cache.target),
+    return window_prices.alone_seconds(gpu, latency.FITTED, stage_work(scheduled, lowered, func, cache.target),
                                  [estimate.stage(low.body) for low in lowered])
 
 
@@ -96,7 +96,7 @@ def breaks_join(group: Group, done: schedule.Scheduled) -> str | None:
 
 
 def schedules_alone(mod: tvm.IRModule, unscheduled: tvm.IRModule, groups: list[Group], target: tvm.target.Target,
-                    timer: by_time.Timer, gemm_k_tile: int | None = None) -> dict[int, tirx.PrimFunc]:
+                    timer: window_prices.Timer, gemm_k_tile: int | None = None) -> dict[int, tirx.PrimFunc]:
     """Per group, the schedule v2 gives it (the default rules' block size) where the latency
     model predicts it faster than the stitchable one as a kernel of its own; each such group's
     time is recorded in ``timer.rescheduled``, so the partitioner prices a boundary around it at
@@ -134,7 +134,7 @@ def reschedule_alone(mod: tvm.IRModule, groups: list[Group], subprograms: list[t
     return out
 
 
-def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, timer: by_time.Timer) -> float | None:
+def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, timer: window_prices.Timer) -> float | None:
     """Predicted time of a scheduled group as kernels of its own under a CUDA graph (static
     resource estimate); None where its launch form cannot be read."""
     try:

@@ -1,5 +1,7 @@
-"""The latency model's prediction for a report's kernels (``Report.latency``): an estimate of
-GPU time from ``cost/latency.py`` with its fitted constants, never a measurement."""
+"""The latency model's prediction written into a report (``Report.latency``, each row's
+``predicted_us`` and floor): an estimate of GPU time from ``cost/latency.py`` with its fitted
+constants, never a measurement. ``kernels_of`` reads a finished report's kernels back for the
+model (experiments that price a saved report again under other constants)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,18 @@ from .schema import Report
 
 
 def kernels_of(report: Report) -> list[latency.Kernel]:
+    """A report's kernels as the latency model prices them."""
     return latency.kernels_from_rows([asdict(k) for k in report.kernels])
 
 
-def add_latency(report: Report, constants: latency.Constants = latency.FITTED) -> None:
+def add_latency(report: Report, kernels: list[latency.Kernel],
+                constants: latency.Constants = latency.FITTED) -> None:
     """Fill ``report.latency`` on CUDA: one inference launched kernel by kernel and under a CUDA
-    graph, and the kernels' own time."""
+    graph, and the kernels' own time. ``kernels``: the report's kernels, in its order, as the
+    build's facts give them to the model (``BuildFacts.cost_kernels``)."""
     if report.target != "cuda" or not report.kernels:
         return
     gpu = for_arch(report.arch or "sm_90")
-    kernels = kernels_of(report)
     plain = latency.predict(gpu, constants, kernels, graphs=False)
     graph = latency.predict(gpu, constants, kernels, graphs=True)
     for row, t in zip(report.kernels, plain.kernels):

@@ -18,7 +18,7 @@ from ..core.ir_names import EMULATED_VECTOR
 def as_built(low: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
     """``low`` with each vectorized loop that TVM's build scalarizes (VectorizeLoop meets a call
     it cannot vectorize: ``erf``, ``if_then_else``) made serial, each element its own access: a
-    vectorized loop left is one access per thread (``emulate._Block.run``), as on the GPU."""
+    vectorized loop left is one access per thread (``lockstep.Block.run``), as on the GPU."""
     vectors = []
 
     def rename(loop):

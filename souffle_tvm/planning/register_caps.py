@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..build.facts import BuildFacts, KernelFacts
 from ..cost import hardware, latency
-from ..report.predicted import kernels_of
-from ..report.schema import KernelReport, Report
 
 # Below this a stitched GEMM stage cannot hold its accumulators: ptxas would only spill.
 MIN_CAP = 32
@@ -25,7 +24,7 @@ def register_cap(gpu: hardware.GPU, threads: int, blocks: int) -> int:
     return min(gpu.regs_per_thread_max, units * gpu.reg_alloc_unit // gpu.warp_size)
 
 
-def one_more_block(gpu: hardware.GPU, row: KernelReport) -> tuple[int, int] | None:
+def one_more_block(gpu: hardware.GPU, row: KernelFacts) -> tuple[int, int] | None:
     """(blocks per SM, register cap) for a cooperative kernel that does not spill and whose
     registers alone, not its shared memory or threads, hold its blocks per SM down: one block
     more, and the registers that leave room for it. None otherwise."""
@@ -41,22 +40,22 @@ def one_more_block(gpu: hardware.GPU, row: KernelReport) -> tuple[int, int] | No
     return want, cap
 
 
-def register_caps(report: Report, stitched: list, arch: str,
+def register_caps(facts: BuildFacts, stitched: list, arch: str,
                   constants: latency.Constants = latency.FITTED) -> dict[str, tuple[int, int, str]]:
-    """{stitched PrimFunc: (blocks per SM, grid, why)} for the cooperative kernels of ``report``
+    """{stitched PrimFunc: (blocks per SM, grid, why)} for the cooperative kernels of ``facts``
     whose registers alone hold their blocks per SM down, where one more block per SM (registers
     capped to fit, the grid grown to match, up to the widest stage) is predicted faster than the
-    kernel on the most blocks it can have now. ``report`` carries the stitched kernels' stage
-    plans (``report.assemble.with_stitched_facts``); ``stitched``: the ``StitchedKernel``s."""
+    kernel on the most blocks it can have now. ``stitched``: the ``StitchedKernel``s."""
     gpu = hardware.for_arch(arch)
     by_function = {k.function: k for k in stitched if len(k.stages) > 1}
     out = {}
-    for row, kernel in zip(report.kernels, kernels_of(report)):
+    for row in facts.kernels:
         sk = by_function.get(row.primfunc)
         offer = one_more_block(gpu, row) if sk is not None else None
         if offer is None:
             continue
         want, cap = offer
+        kernel = row.cost_kernel()
         # compared with the grid it could have uncapped: the cap is credited only with its own gain
         base = dataclasses.replace(kernel, grid=min((want - 1) * gpu.sms, sk.max_blocks))
         grid = min(want * gpu.sms, sk.max_blocks)
@@ -66,8 +65,3 @@ def register_caps(report: Report, stitched: list, arch: str,
             out[row.primfunc] = (want, grid, f"{row.registers} -> at most {cap} registers: {want} blocks per SM, "
                                              f"predicted {before * 1e6:.1f} -> {after * 1e6:.1f} us per launch")
     return out
-
-
-def graph_seconds(report: Report, arch: str) -> float:
-    """``report``'s predicted time under a CUDA graph (stitched kernels with their stage plans)."""
-    return latency.predict(hardware.for_arch(arch), latency.FITTED, kernels_of(report), graphs=True).seconds
