@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all bench bench-plausibility gpu-bundle microbench-bundle lint clean
+.PHONY: install test test-all bench bench-plausibility gpu-bundle microbench-bundle snapshot lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,26 +28,52 @@ test: $(PY)
 test-all: $(PY)
 	$(PY) -m pytest -q $(XDIST) -m "slow or not slow" $(PYTEST_ARGS)
 
+# The experiments under python/ are one package, souffle_experiments (installed by `make install`):
+# `$(PY) -m souffle_experiments --help` lists its commands.
+EXP = $(PY) -m souffle_experiments
+
 # The paper's evaluation side by side (docs/benchmarks.md): results/bench-<date>/
 bench: $(PY)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) python/bench.py
+	$(EXP) bench
 
 # Re-pricing (latency model before/after, per model and kernel class) and the fraction-of-peak check
 # of a bench run: plausibility.md and .png beside its bench.json (make bench writes them too).
 # BENCH=results/bench-<date>/bench.json; default the last one by name
 BENCH ?= $(lastword $(sort $(wildcard results/bench-*/bench.json)))
 bench-plausibility: $(PY)
-	$(PY) python/bench_plausibility.py $(BENCH)
+	$(EXP) bench-plausibility $(BENCH)
 
-# The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with python/gpu_check.py run
+# The GPU check's bundle (docs/gpu-check.md): build here, run on a lent GPU with `gpu-check run`
 gpu-bundle: $(PY)
-	$(PY) python/gpu_check.py prepare
+	$(EXP) gpu-check prepare
 
 # Per-kernel microbenchmarks (issue 32): microbench_bundle/ + .tgz and the committed predictions
 # results/latency/microbench-predictions-<date>.json (docs/gpu-check.md)
 microbench-bundle: $(PY)
-	$(PY) python/microbench.py prepare --out microbench_bundle
+	$(EXP) microbench prepare --out microbench_bundle
+
+# What the compiler decides at BASE against this tree (souffle_experiments.behaviour_snapshot): BASE
+# checked out in a temporary git worktree, the snapshot run there with the worktree first on the
+# path (-P: not the working directory), so BASE's souffle_tvm is imported by today's snapshot
+# script; then this tree's; then --compare (exit 1 on any difference). QUICK=1: the small models
+# only; ONLY='mmoe/small lstm/full': case prefixes. SNAPSHOT_DIR keeps the two .jsonl (default a
+# new temporary folder, printed).
+BASE ?= $(shell git rev-parse --verify --quiet origin/main >/dev/null 2>&1 && echo origin/main || echo HEAD)
+QUICK ?=
+ONLY ?=
+SNAPSHOT_DIR ?=
+SNAPSHOT_ARGS = $(if $(filter-out 0,$(QUICK)),--quick) $(if $(ONLY),--only $(ONLY))
+snapshot: $(PY)
+	@set -e; wt="$$(mktemp -d)/base"; out="$(or $(SNAPSHOT_DIR),$$(mktemp -d))"; \
+	trap 'git worktree remove --force "$$wt" 2>/dev/null || true; rmdir "$$(dirname "$$wt")"' EXIT; \
+	mkdir -p "$$out"; rm -f "$$out/before.jsonl" "$$out/after.jsonl"; \
+	git worktree add --quiet --detach "$$wt" "$(BASE)"; \
+	echo "snapshot of $(BASE) ($$(git -C "$$wt" rev-parse --short HEAD)) -> $$out/before.jsonl"; \
+	PYTHONPATH="$$wt" $(PY) -P -m souffle_experiments snapshot --out "$$out/before.jsonl" $(SNAPSHOT_ARGS); \
+	echo "snapshot of this tree -> $$out/after.jsonl"; \
+	PYTHONPATH="$(CURDIR)" $(PY) -P -m souffle_experiments snapshot --out "$$out/after.jsonl" $(SNAPSHOT_ARGS); \
+	$(EXP) snapshot --compare "$$out/before.jsonl" "$$out/after.jsonl"
 
 lint: $(PY)
 	$(PY) -m pyflakes souffle_tvm tests python

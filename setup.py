@@ -5,7 +5,10 @@ setup(
     version="0.1.0",
     description="Souffle (ASPLOS 2024) as a TVM extension: whole-model tensor-expression analysis "
                 "and resource-aware kernel partitioning with grid-synchronised cooperative kernels",
-    packages=find_packages(include=["souffle_tvm", "souffle_tvm.*"]),
+    # souffle_experiments: the experiments (benchmarks, the GPU check, result generators) under
+    # python/, one entry point `python -m souffle_experiments`; they run from this checkout
+    packages=find_packages(include=["souffle_tvm", "souffle_tvm.*"]) + ["souffle_experiments"],
+    package_dir={"souffle_experiments": "python/souffle_experiments"},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "apache-tvm==0.27.0.post1",

@@ -10,7 +10,7 @@ import pytest
 from souffle_tvm import zoo
 
 # No TVM at import: the gpu-marked tests (tests/test_gpu.py) run on a GPU machine that has only
-# TVM's runtime (python/gpu_check.py tests); what needs the compiler imports it where used.
+# TVM's runtime (`souffle_experiments gpu-check tests`); what needs the compiler imports it where used.
 ZOO = zoo.names()
 
 

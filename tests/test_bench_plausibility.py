@@ -1,19 +1,14 @@
-"""python/bench_plausibility.py on a hand-written bench.json: the fractions of the H200's peaks
+"""souffle_experiments.bench_plausibility on a hand-written bench.json: the fractions of the H200's peaks
 (989 TFLOP/s tensor cores, 67 TFLOP/s FP32, 134 half2, 4.8 TB/s DRAM) computed here by hand,
 which kernels are listed and flagged, the class totals and the before/after columns."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-import bench_plausibility as bp  # noqa: E402
+from souffle_experiments import bench_plausibility as bp
 
 
 def _row(name, form, launches, us, before_us, flops, bytes_, tensor_core=False, elem_bytes=4, **kw):

@@ -1,5 +1,5 @@
 """Models of ONNX's conformance suite that ran on llvm but failed to compile for CUDA at the
-default level (``python/cuda_compile_sweep.py``, results/cuda-compile-sweep-2026-12-05): each now
+default level (``python -m souffle_experiments sweep``, results/cuda-compile-sweep-2026-12-05): each now
 compiles for CUDA with either fusion and still matches onnxruntime on llvm."""
 
 from __future__ import annotations

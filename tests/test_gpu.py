@@ -1,20 +1,19 @@
 """Checks that need a CUDA GPU, marked ``gpu`` (skipped by default). They run on a lent GPU
-through ``python/gpu_check.py tests --bundle DIR`` against a bundle ``gpu_check.py prepare``
+through ``python -m souffle_experiments gpu-check tests --bundle DIR`` against a bundle ``gpu-check prepare``
 built on the build machine (its cooperative-launch probes; ``--models`` with no names builds
 only them). TVM-free: the GPU machine has TVM's runtime, torch and tvm_ffi only.
 """
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+# TVM-free (zoo, numerics, standalone); on the GPU machine `gpu-check tests` puts python/ on PYTHONPATH
+from souffle_experiments import gpu_check
 
-import gpu_check  # noqa: E402 - TVM-free (zoo, numerics, standalone)
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.gpu
 def probes() -> tuple[Path, dict]:
     bundle = Path(os.environ.get("SOUFFLE_GPU_BUNDLE", ROOT / "gpu_bundle"))
     if not (bundle / "manifest.json").exists():
-        pytest.fail(f"no GPU bundle at {bundle}: build one with `python/gpu_check.py prepare` (SOUFFLE_GPU_BUNDLE)")
+        pytest.fail(f"no GPU bundle at {bundle}: build one with `python -m souffle_experiments gpu-check prepare` (SOUFFLE_GPU_BUNDLE)")
     manifest = json.loads((bundle / "manifest.json").read_text())
     return bundle, {p["kind"]: p for p in manifest["probes"]}
 

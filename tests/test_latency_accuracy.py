@@ -1,17 +1,15 @@
-"""The latency model against what a GPU measured (results/gpu, replayed by python/latency_fit.py):
+"""The latency model against what a GPU measured (results/gpu, replayed by souffle_experiments.latency_fit):
 the bounds issue 32 sets, checked so that they can fail."""
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 
+from souffle_experiments import latency_fit
 from souffle_tvm.cost import hardware, latency
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-import latency_fit  # noqa: E402
 
 H200 = hardware.for_arch("sm_90")
 

@@ -1,18 +1,17 @@
 """The block counts the latency fit reads for the replayed plans (results/latency/counts-tvm.json,
-written by python/latency_counts.py from today's builds): every kernel of TVM's plans is covered,
-a hand-counted GEMM carries the K steps its TIR has, and python/latency_fit.py attaches them.
+written by souffle_experiments.latency_counts from today's builds): every kernel of TVM's plans is covered,
+a hand-counted GEMM carries the K steps its TIR has, and souffle_experiments.latency_fit attaches them.
 No builds: the committed JSON is read."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LATENCY = ROOT / "results" / "latency"
-sys.path.insert(0, str(ROOT / "python"))
-import latency_fit  # noqa: E402
+
+from souffle_experiments import latency_fit
 
 
 @pytest.fixture(scope="module")

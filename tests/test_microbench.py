@@ -1,21 +1,18 @@
-"""The per-kernel microbenchmark bundle (python/microbench.py, issue 32 item 3), built here without
+"""The per-kernel microbenchmark bundle (souffle_experiments.microbench, issue 32 item 3), built here without
 a GPU: the smallest cases build, their forms are the ones the rules give, the predictions file
 has the schema the run is compared against, and the manifest is what gpu_check's device side reads."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import require_nvcc
+from souffle_experiments import microbench as mb
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-import microbench as mb  # noqa: E402
 
 KERNEL_FIELDS = ("name", "key", "form", "grid", "block", "predicted_us", "floor_us", "floor_by")
 

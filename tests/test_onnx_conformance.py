@@ -2,7 +2,7 @@
 
 Default: a quick subset of node tests across ops, both fusions, each with the outcome it must
 have; the subset holds the regression tests of the bugs the full suite found (each named below).
-`make test-all` (slow) runs all of it through python/onnx_conformance.py: no crash, no wrong answer.
+`make test-all` (slow) runs all of it through `python -m souffle_experiments conformance`: no crash, no wrong answer.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def test_reduce_max_of_all_minus_infinity():
 
 @pytest.mark.slow
 def test_whole_suite_no_crash_no_wrong_answer(tmp_path):
-    """All of BackendTest, both fusions: python/onnx_conformance.py exits 1 on any crash or wrong answer."""
+    """All of BackendTest, both fusions: `souffle_experiments conformance` exits 1 on any crash or wrong answer."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "python", "onnx_conformance.py"),
+    done = subprocess.run([sys.executable, "-m", "souffle_experiments", "conformance",
                            "--out", str(tmp_path / "conformance")], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
@@ -138,9 +138,9 @@ def test_whole_suite_no_crash_no_wrong_answer(tmp_path):
 @pytest.mark.slow
 def test_model_tests_build_for_cuda_at_the_default_level(tmp_path):
     """BackendTest's model tests (simple, pytorch-converted, pytorch-operator; the 224x224 "real"
-    CNNs by hand, see python/onnx_models_cuda.py) built for CUDA at the default level with nvcc:
+    CNNs by hand, see souffle_experiments/onnx_models_cuda.py) built for CUDA at the default level with nvcc:
     the script exits 1 on any that fails other than with the project's clear refusal."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "python", "onnx_models_cuda.py"),
+    done = subprocess.run([sys.executable, "-m", "souffle_experiments", "onnx-models-cuda",
                            "--out", str(tmp_path / "models.md")], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -1,5 +1,5 @@
 """Per-kernel times into the latency fit (issue 32, item 3): a kernel measured on a GPU is recorded
-with the model's inputs of it, and ``python/latency_fit.py`` fits on it beside the totals. No GPU
+with the model's inputs of it, and ``souffle_experiments.latency_fit`` fits on it beside the totals. No GPU
 here: the measured times below are planted, from known constants, on kernels the zoo's measured
 builds really ran (results/latency), to show the fit finds those constants."""
 
@@ -7,17 +7,14 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from souffle_experiments import gpu_check, latency_fit
 from souffle_tvm.cost import hardware, latency
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-import gpu_check  # noqa: E402
-import latency_fit  # noqa: E402
 
 H200 = hardware.for_arch("sm_90")
 PLANTED = dataclasses.replace(latency.FITTED, warp_gbps=2.5, latency_us=1.2, kstep_cycles=900.0)

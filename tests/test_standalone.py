@@ -2,6 +2,7 @@
 check's bundle is complete. The CUDA half needs a GPU; here the same loader runs llvm builds."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from souffle_tvm.runtime import standalone
 from souffle_tvm.pipeline.driver import compile as compile_model
 
 ROOT = Path(__file__).resolve().parent.parent
+GPU_CHECK = (sys.executable, "-m", "souffle_experiments", "gpu-check")
 
 
 @pytest.mark.parametrize("fusion,level", [("tvm", "v2"), ("souffle", "v3")])
@@ -29,7 +31,6 @@ def test_exported_library_runs_without_the_tvm_package(tmp_path, fusion, level):
     np.savez(tmp_path / "io.npz", *[feeds[i.name] for i in c.model.inputs], *c.model.params)
     script = textwrap.dedent(f"""
         import sys, numpy as np
-        sys.path.insert(0, {str(ROOT)!r})
         from souffle_tvm.runtime import standalone
         standalone.load_runtime(standalone.installed_runtime_dir(), cuda=False)
         d = np.load({str(tmp_path / 'io.npz')!r})
@@ -37,7 +38,9 @@ def test_exported_library_runs_without_the_tvm_package(tmp_path, fusion, level):
         np.savez({str(tmp_path / 'out.npz')!r}, *[np.from_dlpack(o) for o in outs])
         assert "tvm" not in sys.modules, "the standalone path imported the compiler"
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    # this checkout's souffle_tvm, as the GPU machine imports it (from the checkout, not installed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env)
     got = np.load(tmp_path / "out.npz")
     _, ref = numerics.reference_outputs(c.model.onnx_model, feeds)
     cmp = numerics.compare(c.model.outputs, [got[k] for k in sorted(got.files)], ref)
@@ -55,9 +58,9 @@ def test_cubin_store_answers_by_source_and_counts(tmp_path):
 @needs_nvcc
 def test_gpu_check_bundle_is_complete(tmp_path):
     bundle = tmp_path / "b"
-    proc = subprocess.run([sys.executable, str(ROOT / "python" / "gpu_check.py"), "prepare", "--bundle", str(bundle),
-                           "--models", "mmoe", "--sizes", "small", "--no-wheel", "--fusions", "tvm", "souffle",
-                           "souffle-v2", "--ablation-sizes", "small"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*GPU_CHECK, "prepare", "--bundle", str(bundle), "--models", "mmoe", "--sizes", "small",
+                           "--no-wheel", "--fusions", "tvm", "souffle", "souffle-v2", "--ablation-sizes", "small"],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = json.loads((bundle / "manifest.json").read_text())
     for name in standalone.RUNTIME_LIBS + standalone.CUDA_RUNTIME_LIBS:
@@ -84,8 +87,8 @@ def test_gpu_check_bundle_is_complete(tmp_path):
 def test_gpu_check_probes_only_bundle_has_the_flagless_pass_form_probe(tmp_path):
     # what tests/test_gpu.py runs on a GPU: ``--models`` with no names builds the probes alone
     bundle = tmp_path / "probes"
-    proc = subprocess.run([sys.executable, str(ROOT / "python" / "gpu_check.py"), "prepare", "--bundle", str(bundle),
-                           "--models", "--no-wheel"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*GPU_CHECK, "prepare", "--bundle", str(bundle), "--models", "--no-wheel"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = json.loads((bundle / "manifest.json").read_text())
     kinds = {p["kind"]: p for p in m["probes"]}
@@ -100,8 +103,7 @@ def test_gpu_check_probes_only_bundle_has_the_flagless_pass_form_probe(tmp_path)
 
 
 def test_gpu_check_reads_nsight_compute_csv():
-    sys.path.insert(0, str(ROOT / "python"))
-    import gpu_check
+    from souffle_experiments import gpu_check
 
     head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
            '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'

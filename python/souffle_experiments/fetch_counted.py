@@ -1,29 +1,29 @@
 """Counted traffic (the GPU emulator) of the default build at this checkout, for comparing two
 checkouts' schedules under one counter.
 
-    .venv/bin/python python/fetch_counted.py count OUT.json [--full efficientnet ...]
-    .venv/bin/python python/fetch_counted.py table BEFORE.json AFTER.json OUT.md
+    .venv/bin/python -m souffle_experiments fetch-counted count OUT.json [--full efficientnet ...]
+    .venv/bin/python -m souffle_experiments fetch-counted table BEFORE.json AFTER.json OUT.md
 
 ``count`` builds each small zoo model and the two full-size GEMMs of ``k_tile_counted`` at the
 default level (``--fusion souffle``) and with TVM's own kernels (``--fusion tvm``), runs their
 kernels in the emulator and writes launches, analytic bytes, counted distinct bytes, sector
 bytes and requests per build. Run it from two checkouts with the same ``runtime/`` (the
-counter) to see what a schedule change alone does; ``table`` puts the two side by side."""
+counter) to see what a schedule change alone does; ``table`` puts the two side by side.
+``count`` is a spec of the experiment runner (``runner``): the builds already in OUT.json are kept;
+``table`` compares two runs, made at two checkouts, so it stays a function of its own."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "python"))
+from souffle_tvm.pipeline.driver import compile as compile_model
 
-import microbench  # noqa: E402 - the single-operator builders
-from k_tile_counted import GEMMS, SMALL  # noqa: E402
-from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
+from . import runner
+from .k_tile_counted import model_of, models
 
 
 def count(model, small: bool, fusion: str) -> dict:
@@ -36,19 +36,14 @@ def count(model, small: bool, fusion: str) -> dict:
             "seconds": round(time.perf_counter() - t, 1)}
 
 
+# the runner's builds: one per fusion; cells under "<model> | <fusion>" in OUT.json
+SPEC = runner.Spec("fetch-counted count", {"souffle": "souffle", "tvm": "tvm"}, rows=lambda cells: cells,
+                   build=lambda model, fusion, _: count(model_of(model[0]), model[1], fusion),
+                   progress=lambda m, b, r, _: f"{m} | {b} {r}")
+
+
 def run(out: Path, full: list[str]) -> None:
-    rows = json.loads(out.read_text()) if out.exists() else {}
-    todo = [(f"{m} (small)", m, True) for m in SMALL] + \
-           [(name, microbench.matmul(*shape), False) for name, shape in GEMMS.items()] + \
-           [(f"{m} (full)", m, False) for m in full]
-    for name, model, small in todo:
-        for fusion in ("souffle", "tvm"):
-            key = f"{name} | {fusion}"
-            if key in rows:
-                continue
-            rows[key] = count(model, small, fusion)
-            print(key, rows[key], flush=True)
-            out.write_text(json.dumps(rows, indent=1))
+    runner.run(SPEC, out.parent, models(full), runner.JsonCells(out, "flat"))
 
 
 def table(before: dict, after: dict) -> str:
@@ -68,17 +63,25 @@ def table(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    if argv[0] == "count":
-        run(Path(argv[1]), argv[argv.index("--full") + 1:] if "--full" in argv else [])
-    elif argv[0] == "table":
-        text = table(json.loads(Path(argv[1]).read_text()), json.loads(Path(argv[2]).read_text()))
-        Path(argv[3]).write_text(text + "\n")
-        print(text)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("count", help="count this checkout's builds into OUT.json (kept and extended)")
+    c.add_argument("out")
+    c.add_argument("--full", nargs="*", default=[], help="full-size zoo models too (slow)")
+    t = sub.add_parser("table", help="two counts side by side, written to OUT.md")
+    t.add_argument("before")
+    t.add_argument("after")
+    t.add_argument("out")
+    args = ap.parse_args(argv)
+    if args.cmd == "count":
+        run(Path(args.out), args.full)
     else:
-        raise SystemExit(__doc__)
+        text = table(json.loads(Path(args.before).read_text()), json.loads(Path(args.after).read_text()))
+        Path(args.out).write_text(text + "\n")
+        print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

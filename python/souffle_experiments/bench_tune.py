@@ -7,7 +7,7 @@ and as the database schedules it, and the whole model compiled without and with
 ``database=``. Figures are medians of repeated runs on this machine's CPU: they say what
 tuning does on a CPU, nothing about a GPU.
 
-    .venv/bin/python python/bench_tune.py bert --small --trials 32 --database /tmp/bert-db
+    .venv/bin/python -m souffle_experiments bench-tune bert --small --trials 32 --database /tmp/bert-db
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def time_model(compiled, repeat: int, min_ms: int = 50) -> float:
     return statistics.median(timer(*args).results)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--small", action="store_true")
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--no-tune", action="store_true", help="time what the database holds, tune nothing")
     ap.add_argument("--no-model", action="store_true", help="stages only (full-size models run for seconds on llvm)")
     ap.add_argument("--out", default=None, help="JSON results (default results/tune-<model>-llvm-<date>.json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     target = make_target("llvm")
     imported = import_onnx(args.model, None, small=args.small)
     tasks = tune.extract_tasks(imported.mod, target, imported.params, "v2")[: args.max_stages]

@@ -8,7 +8,10 @@ cold run pays it in the nvcc column). The default builds TVM's kernels too, to r
 the latency model predicts faster, so its time includes one TVM build. 2-core figures vary
 with what else runs: only the ratio of the two columns of one run is the claim.
 
-    .venv/bin/python python/compile_time.py [--models resnext lstm] [--out results/compile-time-<date>]
+    .venv/bin/python -m souffle_experiments compile-time [--models resnext lstm] [--out results/compile-time-<date>]
+
+A spec of the experiment runner (``runner``): models x (tvm, default) -> one row per model ->
+``compile_time.json`` and ``README.md`` (this docstring's second paragraph, then the table).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from . import runner
 
 MODELS = ("bert", "resnext", "lstm", "efficientnet", "swin", "mmoe")
 DTYPES = {"bert": "float16", "swin": "float16"}
@@ -36,31 +41,43 @@ def compile_report(model: str, fusion: str) -> dict:
         return json.loads(report.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    ap.add_argument("--out", default=f"results/compile-time-{datetime.date.today().isoformat()}")
-    args = ap.parse_args(argv)
-    rows = []
-    for model in args.models:
-        print(f"{model}: --fusion tvm, then the default", file=sys.stderr, flush=True)
-        tvm_report, ours = compile_report(model, "tvm"), compile_report(model, "souffle")
-        rows.append({"model": model, "tvm_s": tvm_report["compile_seconds"], "default_s": ours["compile_seconds"],
-                     "ratio": round(ours["compile_seconds"] / tvm_report["compile_seconds"], 2),
-                     "returned": "tvm" if ours.get("fallback") else "souffle",
-                     "graph_ms": ours["latency"]["graph_ms"], "launches": ours["launches"]})
-        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compile_time.json").write_text(json.dumps(rows, indent=1) + "\n")
+def rows(cells: runner.Cells) -> list[dict]:
+    out = []
+    for model, c in cells.items():
+        tvm_report, ours = c["tvm"], c["default"]
+        out.append({"model": model, "tvm_s": tvm_report["compile_seconds"], "default_s": ours["compile_seconds"],
+                    "ratio": round(ours["compile_seconds"] / tvm_report["compile_seconds"], 2),
+                    "returned": "tvm" if ours.get("fallback") else "souffle",
+                    "graph_ms": ours["latency"]["graph_ms"], "launches": ours["launches"]})
+    return out
+
+
+def table(rows: list[dict]) -> str:
     lines = ["| model | --fusion tvm s | default s | default / tvm | within 3x | build returned | "
              "predicted graph ms | launches |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['tvm_s']:.1f} | {r['default_s']:.1f} | {r['ratio']:.2f}x | "
               f"{'yes' if r['ratio'] <= TARGET else 'no'} | {r['returned']} | {r['graph_ms']:.3f} | {r['launches']} |"
               for r in rows]
-    (out / "README.md").write_text(f"# Compile time, {datetime.date.today().isoformat()}\n\n{__doc__.split(chr(10)*2)[1]}\n\n"
-                                   + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def page(rows: list[dict], text: str) -> str:
+    return f"# Compile time, {datetime.date.today().isoformat()}\n\n{__doc__.split(chr(10)*2)[1]}\n\n{text}\n"
+
+
+# builds in this order per model: tvm, then the default, each a fresh process
+SPEC = runner.Spec("compile-time", {"tvm": "tvm", "default": "souffle"}, rows,
+                   build=lambda model, fusion, _: compile_report(model, fusion), table=table,
+                   table_file="README.md", page=page, rows_file="compile_time.json",
+                   progress=lambda m, b, r, s: f"{m} {b}: compile_seconds {r['compile_seconds']} ({s:.0f} s in all)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--out", default=f"results/compile-time-{datetime.date.today().isoformat()}")
+    args = ap.parse_args(argv)
+    runner.run(SPEC, Path(args.out), dict(zip(args.models, args.models)))
     return 0
 
 

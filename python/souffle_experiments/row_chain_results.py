@@ -2,49 +2,54 @@
 named ``{tvm,base,head}_{model}_{auto,small_v3,small}.json`` in one directory (``base``: the
 commit before row chains; ``head``: with them; ``tvm``: TVM's own kernels).
 
-    python python/row_chain_results.py results/row-chains-2026-12-03
+    python -m souffle_experiments row-chain-results results/row-chains-2026-12-03
 
-Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran, the
+A spec of the experiment runner (``runner``) with no builds: the reports were made elsewhere
+(``base`` at its own commit). Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran, the
 latency model's estimate under a CUDA graph, the row-chain kernels' ptxas figures) and writes
 ``row_chains.png`` beside the reports."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
 
+from . import runner
+
 BUILDS = (("tvm", "TVM's kernels"), ("base", "souffle before"), ("head", "souffle with row chains"))
+# the runner's models: "<model>/<size>", in the table's order
+CASES = [f"{model}/{size}" for model in ("bert", "swin") for size in ("auto", "small_v3")]
 
 
-def _load(folder: Path, build: str, model: str, size: str) -> dict | None:
-    name = f"{build}_{model}_small.json" if build == "tvm" and size == "small_v3" else \
+def report_name(case: str, build: str) -> str:
+    """The report file of one case and build (``tvm``: TVM's own build at each size)."""
+    model, size = case.split("/")
+    return f"{build}_{model}_small.json" if build == "tvm" and size == "small_v3" else \
         f"{build}_{model}.json" if build == "tvm" else f"{build}_{model}_{size}.json"
-    path = folder / name
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _chain_kernels(report: dict) -> list[dict]:
     return [k for k in report["kernels"] if "RowChain" in (k.get("form") or "")]
 
 
-def rows(folder: Path) -> list[dict]:
+def rows(cells: runner.Cells) -> list[dict]:
     out = []
-    for model in ("bert", "swin"):
-        for size in ("auto", "small_v3"):
-            for build, label in BUILDS:
-                r = _load(folder, build, model, size)
-                if r is None:
-                    continue
-                counted = (r.get("counted") or {}).get("bytes")
-                chains = _chain_kernels(r)
-                out.append({"model": model, "size": "full, default level" if size == "auto" else "small, v3 (tvm: its own)",
-                            "build": label, "launches": r["launches"], "mb": r["bytes"] / 1e6,
-                            "counted_mb": counted / 1e6 if counted else None,
-                            "graph_ms": r["latency"]["graph_ms"],
-                            "chains": sum(k["launches"] for k in chains),
-                            "chain_figures": sorted({(k["registers"], k["shared_bytes"], k["spill_bytes"],
-                                                      k["grid"][0], k["block"][0]) for k in chains})})
+    for case, by_build in cells.items():
+        model, size = case.split("/")
+        for build, label in BUILDS:
+            r = by_build.get(build)
+            if r is None:
+                continue
+            counted = (r.get("counted") or {}).get("bytes")
+            chains = _chain_kernels(r)
+            out.append({"model": model, "size": "full, default level" if size == "auto" else "small, v3 (tvm: its own)",
+                        "build": label, "launches": r["launches"], "mb": r["bytes"] / 1e6,
+                        "counted_mb": counted / 1e6 if counted else None,
+                        "graph_ms": r["latency"]["graph_ms"],
+                        "chains": sum(k["launches"] for k in chains),
+                        "chain_figures": sorted({(k["registers"], k["shared_bytes"], k["spill_bytes"],
+                                                  k["grid"][0], k["block"][0]) for k in chains})})
     return out
 
 
@@ -61,10 +66,7 @@ def table(data: list[dict]) -> str:
 
 
 def plot(data: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runner.pyplot()
     full = [d for d in data if d["size"].startswith("full")]
     models = sorted({d["model"] for d in full})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -81,13 +83,17 @@ def plot(data: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str]) -> int:
-    folder = Path(argv[1] if len(argv) > 1 else "results/row-chains-2026-12-03")
-    data = rows(folder)
-    print(table(data))
-    plot(data, folder / "row_chains.png")
+SPEC = runner.Spec("row-chain-results", dict(BUILDS), rows, table=table, plot=plot, plot_file="row_chains.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", default="results/row-chains-2026-12-03",
+                    help="the reports' folder; the plot is written there")
+    folder = Path(ap.parse_args(argv).folder)
+    runner.run(SPEC, folder, dict.fromkeys(CASES), runner.ReportFiles(folder, report_name))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -1,6 +1,6 @@
-"""PNG plots of a `make bench` result (python/bench.py's bench.json); matplotlib (bench extra).
+"""PNG plots of a `make bench` result (souffle_experiments/bench.py's bench.json); matplotlib (bench extra).
 
-    .venv/bin/python python/bench_plots.py results/bench-<date>/bench.json   # re-draw
+    .venv/bin/python -m souffle_experiments bench-plots results/bench-<date>/bench.json   # re-draw
 
 * ``launches.png``: kernel launches per inference, TVM vs Souffle V3, log scale.
 * ``roofline.png``: per model, every kernel as a point on the H200 roofline (arithmetic
@@ -27,7 +27,6 @@ COLOURS = {"tvm": "#7f7f7f", "v0": "#c6dbef", "v1": "#6baed6", "v2": "#2171b5", 
 
 
 def _gpu(result: dict):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from souffle_tvm.cost import hardware
     from souffle_tvm.report import roofline
 
@@ -138,7 +137,16 @@ def plot_all(result: dict, out: Path) -> list[Path]:
     return [launches(result, out), roofline_chart(result, out), ablation(result, out), predicted(result, out)]
 
 
-if __name__ == "__main__":
-    p = Path(sys.argv[1])
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bench_json", help="results/bench-<date>/bench.json; the plots are written beside it")
+    p = Path(ap.parse_args(argv).bench_json)
     for f in plot_all(json.loads(p.read_text()), p.parent):
         print(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Block counts (``cost.tir_counts``) of the replayed plans' kernels: TVM's rebuilt today, souffle's at their commit.
 
-The replayed plans (``results/latency/plans-<commit>.json``, ``python/latency_replay.py``) were
+The replayed plans (``results/latency/plans-<commit>.json``, ``souffle_experiments/latency_replay.py``) were
 written by old commits that counted nothing per block, so the latency fit never saw a kernel's
 K-step chain or its shared-memory wavefronts. TVM's own kernels (``fusion="tvm"``: Relax FuseOps +
 dlight) do not depend on this project's code, so this script rebuilds every tvm case of
@@ -15,14 +15,15 @@ the second build widens the stitched grids from ptxas' figures), each device ker
 build counted by today's ``tir_counts`` (loaded by file path), and written under
 ``"<case id>@<commit>"`` (both plans files hold cases of the same id).
 
-    .venv/bin/python python/latency_counts.py        # writes results/latency/counts-tvm.json
+    .venv/bin/python -m souffle_experiments latency-counts        # writes results/latency/counts-tvm.json
     git worktree add /tmp/old44fa 44fa44f
-    PYTHONPATH=/tmp/old44fa .venv/bin/python python/latency_counts.py --old-commit 44fa44f
+    PYTHONPATH=/tmp/old44fa .venv/bin/python -P -m souffle_experiments latency-counts --old-commit 44fa44f
     git worktree add /tmp/old8580 8580722
-    PYTHONPATH=/tmp/old8580 .venv/bin/python python/latency_counts.py --old-commit 8580722
+    PYTHONPATH=/tmp/old8580 .venv/bin/python -P -m souffle_experiments latency-counts --old-commit 8580722
 
-Each run replaces only the cases it builds. ``python/latency_fit.py`` attaches the counts to the
-plan rows it fits on.
+``-P`` keeps the working directory off ``sys.path`` (``-m`` would put it first), so the old tree on
+``PYTHONPATH`` is the ``souffle_tvm`` imported, from whatever directory. Each run replaces only the
+cases it builds. ``souffle_experiments/latency_fit.py`` attaches the counts to the plan rows it fits on.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 PLANS = ROOT / "results" / "latency" / "plans-44fa44f.json"
 OUT = ROOT / "results" / "latency" / "counts-tvm.json"
 ARCH = "sm_90"
@@ -69,23 +71,23 @@ def match(case: dict, report_kernels) -> tuple[dict, list[str]]:
 
 
 def _today_tir_counts():
-    """Today's ``cost.tir_counts`` loaded by file path (as package ``today_core``), beside an old
-    tree's ``souffle_tvm`` first on ``sys.path``."""
+    """Today's ``cost.tir_counts`` loaded by file path (as package ``today_cost``: ``cost/`` imports
+    only itself), beside an old tree's ``souffle_tvm`` first on ``sys.path``."""
     import importlib
     import importlib.util
 
-    core = ROOT / "souffle_tvm" / "core"
-    spec = importlib.util.spec_from_file_location("today_core", core / "__init__.py",
-                                                  submodule_search_locations=[str(core)])
+    cost = ROOT / "souffle_tvm" / "cost"
+    spec = importlib.util.spec_from_file_location("today_cost", cost / "__init__.py",
+                                                  submodule_search_locations=[str(cost)])
     pkg = importlib.util.module_from_spec(spec)
-    sys.modules["today_core"] = pkg
+    sys.modules["today_cost"] = pkg
     spec.loader.exec_module(pkg)
-    return importlib.import_module("today_core.tir_counts")
+    return importlib.import_module("today_cost.tir_counts")
 
 
 def old_commit(args) -> int:
     """The souffle cases of ``plans-<commit>.json`` rebuilt by the old tree first on ``sys.path``
-    (as ``python/latency_replay.py`` did), each device kernel of the last build counted by
+    (as ``souffle_experiments/latency_replay.py`` did), each device kernel of the last build counted by
     today's ``tir_counts``; written under ``"<case id>@<commit>"``."""
     import tvm
     from tvm import tirx

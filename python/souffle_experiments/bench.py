@@ -1,7 +1,7 @@
 """`make bench`: the paper's evaluation side by side, on this machine (2 cores, no GPU).
 
 Three parts, one run, one JSON file (``results/bench-<date>/bench.json``), a Markdown table
-and PNG plots beside it (``python/bench_plots.py``):
+and PNG plots beside it (``souffle_experiments/bench_plots.py``):
 
 1. **Compile matrix** (cuda sm_90, full size unless ``--small``): every zoo model with
    ``--fusion tvm`` and the Souffle ablation levels V0 (no transforms, one kernel per group),
@@ -17,9 +17,9 @@ and PNG plots beside it (``python/bench_plots.py``):
    columns are claims; they are CPU figures, not the GPU's.
 3. Outputs: JSON (date, TVM version, target, machine; for tvm, v3 and v3t one compact row per
    kernel, ``kernel_rows``, priced before/after where ``latency.BEFORE`` exists), Markdown, plots,
-   and ``plausibility.md``/``.png`` (``python/bench_plausibility.py``).
+   and ``plausibility.md``/``.png`` (``souffle_experiments/bench_plausibility.py``).
 
-    .venv/bin/python python/bench.py [--models bert lstm] [--small] [--no-nvcc] [--no-cpu] [--out DIR]
+    .venv/bin/python -m souffle_experiments bench [--models bert lstm] [--small] [--no-nvcc] [--no-cpu] [--out DIR]
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from souffle_tvm.report import predicted, roofline
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.frontend.importer import import_onnx
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 # (key, fusion, level): the paper's ablation V0..V3 beside TVM's own fusion; V4 is derived from
 # V3's build (``v4_from_v3``), not compiled again
 CONFIGS = (("tvm", "tvm", None), ("v0", "souffle", "v0"), ("v1", "souffle", "v1"),
@@ -54,7 +55,7 @@ CONFIGS = (("tvm", "tvm", None), ("v0", "souffle", "v0"), ("v1", "souffle", "v1"
 EXTRA = {"tvm": {"cuda_graph": True}, "v3t": {"partitioner": "time"}}
 CPU_CONFIGS = (("tvm", "tvm", None), ("v2", "souffle", "v2"), ("v3", "souffle", "v3"))
 # Configurations whose kernels bench.json keeps one compact row each (``kernel_rows``), what
-# python/bench_plausibility.py reads; v0-v2 keep only their (bytes, flops, launches) triples
+# souffle_experiments/bench_plausibility.py reads; v0-v2 keep only their (bytes, flops, launches) triples
 PER_KERNEL = ("tvm", "v3", "v3t")
 
 
@@ -64,7 +65,7 @@ def constants_of(c) -> dict:
 
 
 def kernel_rows(report, gpu: hardware.GPU, before: latency.Constants | None) -> tuple[list[dict], float | None]:
-    """One compact row per kernel of a CUDA ``report`` (python/bench_plausibility.py reads them):
+    """One compact row per kernel of a CUDA ``report`` (souffle_experiments/bench_plausibility.py reads them):
     its form, launch shape, work and the latency model's ESTIMATES (``predicted_us`` under the
     fitted constants, as the report has them; ``before_us`` under ``before`` where given), and
     the inference's graph ms under ``before`` (None without it)."""
@@ -246,7 +247,7 @@ def markdown(result: dict) -> str:
     if result.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in result["plots"]]
     lines += ["", "Per kernel (tvm, v3, v3t): the latency model's re-pricing before/after its latest terms and each "
-              "kernel's predicted rate as a fraction of the GPU's peak, in plausibility.md (python/bench_plausibility.py)."]
+              "kernel's predicted rate as a fraction of the GPU's peak, in plausibility.md (`python -m souffle_experiments bench-plausibility`)."]
     return "\n".join(lines) + "\n"
 
 
@@ -282,7 +283,7 @@ def _latency_lines(result: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=zoo.names())
     ap.add_argument("--arch", default="sm_90")
@@ -293,7 +294,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="output folder (default results/bench-<date>)")
     ap.add_argument("--configs", nargs="*", default=None, choices=[c[0] for c in CONFIGS],
                     help="rebuild only these configurations into an existing --out (the others are kept)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     stamp = datetime.date.today().isoformat()
@@ -335,7 +336,7 @@ def main() -> int:
         result["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     try:
-        import bench_plots
+        from . import bench_plots
 
         result["plots"] = [str(p) for p in bench_plots.plot_all(result, out)]
     except ImportError as err:          # matplotlib is in the bench extra
@@ -345,7 +346,7 @@ def main() -> int:
             raise
         print(f"no plots for --configs {' '.join(args.configs)}: {err}", flush=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
-    import bench_plausibility       # re-pricing (before/after) and fraction-of-peak check: plausibility.md, .png
+    from . import bench_plausibility       # re-pricing (before/after) and fraction-of-peak check: plausibility.md, .png
 
     bench_plausibility.main([str(out / "bench.json")])
     (out / "README.md").write_text(markdown(result))
@@ -355,5 +356,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main())

@@ -1,9 +1,9 @@
 """The model tests of ONNX's conformance suite built for CUDA at the default level, with nvcc.
 
-    python python/onnx_models_cuda.py                       # simple, pytorch-converted, pytorch-operator
-    python python/onnx_models_cuda.py --kinds real --only 'squeezenet|alexnet'
+    python -m souffle_experiments onnx-models-cuda                       # simple, pytorch-converted, pytorch-operator
+    python -m souffle_experiments onnx-models-cuda --kinds real --only 'squeezenet|alexnet'
 
-The model tests that ``python/onnx_conformance.py`` runs on llvm (the onnx package's own models:
+The model tests that ``souffle_experiments/onnx_conformance.py`` runs on llvm (the onnx package's own models:
 "real" = its local light CNNs at 224x224, "simple", "pytorch-converted", "pytorch-operator";
 nothing downloaded), each compiled with ``souffle_tvm.compile(model, "cuda", "souffle")`` at
 the default level (auto) for sm_90 with nvcc's ptxas checking every kernel. Nothing runs (no
@@ -21,7 +21,9 @@ import sys
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import paths
+
+ROOT = str(paths.ROOT)
 KINDS = ("simple", "pytorch-converted", "pytorch-operator", "real")
 
 
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
         rows.append(f"| {name} | {kind} | {outcome} | {detail.replace('|', '/')} | {secs:.1f} |")
         print(rows[-1], flush=True)
     lines = [f"# ONNX conformance model tests built for CUDA at the default level ({datetime.date.today()})", "",
-             f"`python python/onnx_models_cuda.py --kinds {' '.join(args.kinds)}`"
+             f"`python -m souffle_experiments onnx-models-cuda --kinds {' '.join(args.kinds)}`"
              + (f" `--only '{args.only}'`" if args.only else "")
              + ": each model compiled with `--fusion souffle` at the default level (auto) for sm_90, "
              "ptxas (nvcc, CUDA 13.0) checking every kernel; nothing run (no GPU). "

@@ -7,27 +7,31 @@ bytes per kernel (``cost.tir_stats``) beside what the kernels execute in the GPU
 comparisons are ``report.counted.attach``'s (a stitched kernel per stage function). Writes
 ``results/traffic-counted-<date>/`` (``traffic.json``, ``README.md``).
 
-    .venv/bin/python python/traffic_counted.py [--models mmoe bert] [--configs tvm v3] [--out DIR]
+    .venv/bin/python -m souffle_experiments traffic [--models mmoe bert] [--configs tvm v3] [--out DIR]
+
+A spec of the experiment runner (``runner``): models x configurations, one row per build.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 from souffle_tvm import zoo
 from souffle_tvm.build import executable
+from souffle_tvm.build.facts import cuda_facts
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.pipeline import building, results
 from souffle_tvm.pipeline.options import Options
 from souffle_tvm.report import assemble, counted
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import runner
+from .paths import ROOT
+
 CONFIGS = ("tvm", "v2", "v3", "v3-offchip")     # v3-offchip: v3 with every intermediate in global memory
 
 
@@ -38,13 +42,13 @@ def one(name: str, config: str) -> dict:
     t0 = time.perf_counter()
     if config == "tvm":
         result = executable.build(m.mod, target)
-        report = assemble.cuda_report(name, target, result, None, {"available": False, "seconds": 0, "note": ""})
+        report = assemble.render(cuda_facts(name, target, result, None, {"available": False, "seconds": 0, "note": ""}))
         mod, params, stitched = result.fused, m.params, []
     else:
         level, _, off = config.partition("-")
         souffle = results.run(m.mod, target, m.params, Options(level=level, onchip=off != "offchip"))
-        result, report, _ = building.build_and_report(m, souffle, target, False)
-        assemble.with_stitched_facts(report, result, souffle.stitched, souffle.unstitched)
+        result, facts, _ = building.build(m, souffle, target, False)     # the stitched kernels' facts too
+        report = assemble.render(facts)
         mod, params, stitched = souffle.mod, souffle.params, souffle.stitched
     built = time.perf_counter() - t0
     held = counted.count(report, mod, target, m, params, result.footprints, stitched)
@@ -64,7 +68,7 @@ def one(name: str, config: str) -> dict:
 def markdown(rows: list[dict], date: str) -> str:
     out = [f"# Counted traffic against the analytic bytes ({date})", "",
            "Small zoo models built for CUDA (sm_90), their kernels run in the GPU emulator "
-           "(`souffle_tvm.runtime.traffic`, `python/traffic_counted.py`). Per model and build: the "
+           "(`souffle_tvm.runtime.traffic`, `python -m souffle_experiments traffic`). Per model and build: the "
            "report's analytic bytes per inference, the counted distinct bytes (each byte read or "
            "written once per launch; a stitched kernel's intermediates once), the bytes L1/L2 serve "
            "(32-byte sectors of every warp request), and how many analytic figures equal their "
@@ -101,24 +105,26 @@ def markdown(rows: list[dict], date: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> int:
+def spec(date: str) -> runner.Spec:
+    """traffic.json ({"date", "rows"}) and README.md (``markdown``), one row per model and build."""
+    return runner.Spec("traffic", dict(zip(CONFIGS, CONFIGS)),
+                       rows=lambda cells: {"date": date, "rows": [r for c in cells.values() for r in c.values()]},
+                       build=lambda name, config, _: one(name, config),
+                       table=lambda r: markdown(r["rows"], r["date"]).rstrip("\n"), table_file="README.md",
+                       rows_file="traffic.json", print_table=False,
+                       progress=lambda m, b, r, _: f"{m} {b} ... {r['analytic_held']} ({r['build_s']} s build, "
+                                                   f"{r['count_s']} s counted)")
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=zoo.names())
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--out", default=None, help="output folder (default results/traffic-counted-<date>)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     date = datetime.date.today().isoformat()
     out = Path(args.out or ROOT / "results" / f"traffic-counted-{date}")
-    rows = []
-    for name in args.models:
-        for config in args.configs:
-            print(f"{name} {config} ...", end=" ", file=sys.stderr, flush=True)
-            rows.append(one(name, config))
-            r = rows[-1]
-            print(f"{r['analytic_held']} ({r['build_s']} s build, {r['count_s']} s counted)", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "traffic.json").write_text(json.dumps({"date": date, "rows": rows}, indent=1))
-    (out / "README.md").write_text(markdown(rows, date))
+    runner.run(spec(date), out, dict(zip(args.models, args.models)), builds=args.configs)
     print(out / "README.md")
     return 0
 

@@ -22,11 +22,15 @@ grid sync; the same kernel built as the pass form with TVM's default TIR pipelin
 cooperative flag), whose entry check must trap instead of hanging. Occupancy of each stitched kernel from ``cudaOccupancyMaxActiveBlocksPerMultiprocessor``
 against ``souffle_tvm.cost.hardware``. Results: ``$OUT/gpu_check.json`` and a table.
 
-    .venv/bin/python python/gpu_check.py prepare [--models bert mmoe] [--sizes small full]
-    python3 python/gpu_check.py run --bundle gpu_bundle --out $OUT     # on the device
-    python3 python/gpu_check.py tests --bundle gpu_bundle               # the gpu-marked tests, on the device
+    .venv/bin/python -m souffle_experiments gpu-check prepare [--models bert mmoe] [--sizes small full]
+    PYTHONPATH=python python3 -m souffle_experiments gpu-check run --bundle gpu_bundle --out $OUT   # the device
+    PYTHONPATH=python python3 -m souffle_experiments gpu-check tests --bundle gpu_bundle            # its gpu tests
 
 On the device the bundle travels as ``gpu_bundle.tgz`` (see docs/gpu-check.md for the command).
+The device has the checkout but not this package installed: ``PYTHONPATH=python`` finds it, and
+``-m`` puts the checkout's root (the working directory) first on ``sys.path`` for ``souffle_tvm``;
+``run`` needs only this module, ``paths`` and ``souffle_tvm``'s TVM-free ``zoo``,
+``runtime.numerics`` and ``runtime.standalone``.
 """
 
 from __future__ import annotations
@@ -45,16 +49,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 # tvm_ffi would otherwise JIT-build a torch extension (minutes) on first import next to torch
 os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 
 from souffle_tvm import zoo  # noqa: E402 - none of these imports tvm
-from souffle_tvm.runtime import numerics
-from souffle_tvm.runtime import standalone
+from souffle_tvm.runtime import numerics  # noqa: E402
+from souffle_tvm.runtime import standalone  # noqa: E402
+
+from .paths import ROOT, child_env  # noqa: E402
 
 ARCH = "sm_90"
+# this module in a child process (the probes, ncu's one inference): by module name, never by
+# file path, so its relative imports resolve; child_env() puts its package on PYTHONPATH
+SELF = (sys.executable, "-m", __spec__.name if __spec__ else "souffle_experiments.gpu_check")
 
 
 def _digest(a: np.ndarray) -> str:
@@ -277,7 +284,7 @@ def _copy_runtime(out: Path) -> None:
 
 def _fetch_ffi_wheel(dest: Path) -> None:
     """The device's Python is 3.12: fetch the matching apache-tvm-ffi wheel once (PyPI), and
-    pytest's (pure Python, with its dependencies) for `gpu_check.py tests` where the device lacks it."""
+    pytest's (pure Python, with its dependencies) for `gpu-check tests` where the device lacks it."""
     import importlib.metadata
 
     version = importlib.metadata.version("apache-tvm-ffi")
@@ -479,10 +486,11 @@ def _ncu_all(bundle: Path, cases: list[dict], result: dict, deadline: Deadline, 
         if deadline.left() < 40:
             r["ncu"] = {"skipped": "out of time"}
             continue
-        cmd = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS), sys.executable, __file__, "once",
+        cmd = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS), *SELF, "once",
                "--bundle", str(bundle), "--case", case["id"]]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(90, deadline.left() - 10))
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(90, deadline.left() - 10),
+                                  env=child_env())
             r["ncu"] = parse_ncu_csv(proc.stdout)
             if "error" in r["ncu"]:
                 r["ncu"]["stderr"] = (proc.stderr or proc.stdout)[-600:]
@@ -525,10 +533,10 @@ def once_main(args) -> int:
 
 def _run_probe(bundle: Path, probe: dict, timeout: float = 90) -> dict:
     """Run one probe in a child process: a hung grid sync costs its timeout, not the lease."""
-    cmd = [sys.executable, __file__, "probe", "--bundle", str(bundle), "--name", probe["name"]]
+    cmd = [*SELF, "probe", "--bundle", str(bundle), "--name", probe["name"]]
     t = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         return {"name": probe["name"], "kind": probe["kind"], "outcome": f"HANG (killed after {timeout:.0f} s)"}
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
@@ -793,7 +801,7 @@ def _print_table(result: dict) -> None:
               f"{c.get('median_ms', '-'):>10}{c.get('graph_median_ms', '-'):>10}{c.get('kernel_busy_ms', '-'):>10}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="build the bundle (needs TVM and nvcc; no GPU)")
@@ -832,7 +840,7 @@ def main() -> int:
     q.add_argument("--name", required=True)
     t = sub.add_parser("tests", help="run the gpu-marked tests (tests/test_gpu.py) against the bundle (needs pytest)")
     t.add_argument("--bundle", default=str(ROOT / "gpu_bundle"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     return {"prepare": prepare, "run": run, "probe": probe_main, "once": once_main, "record": record,
             "tests": tests_main}[args.cmd](args)
 
@@ -844,7 +852,8 @@ def tests_main(args) -> int:
     if importlib.util.find_spec("pytest") is None:
         print("pytest is not installed here: install it (prepare puts its wheels in the bundle's wheels/)")
         return 2
-    env = {**os.environ, "SOUFFLE_GPU_BUNDLE": str(Path(args.bundle).resolve())}
+    # tests/test_gpu.py imports this module: the child finds it as this process did (child_env)
+    env = {**child_env(), "SOUFFLE_GPU_BUNDLE": str(Path(args.bundle).resolve())}
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 

@@ -8,11 +8,14 @@ wrapping the old ``stitch.lower_stage`` and ``stitch.stitch``. Nothing of today'
 imported, so the plans describe exactly the kernels that ran.
 
     git worktree add /tmp/old3 44fa44f
-    PYTHONPATH=/tmp/old3 .venv/bin/python python/latency_replay.py --commit 44fa44f \\
+    PYTHONPATH=/tmp/old3 .venv/bin/python -P -m souffle_experiments replay --commit 44fa44f \\
         --out results/latency/plans-44fa44f.json
 
+``-P`` keeps the working directory off ``sys.path`` (``-m`` would put it first), so the old tree on
+``PYTHONPATH`` is the ``souffle_tvm`` imported.
+
 Each case's launch and grid-sync counts are compared with the measured run's
-``launches_compiled`` and ``grid_syncs`` by ``python/latency_fit.py``: a mismatch means the
+``launches_compiled`` and ``grid_syncs`` by ``souffle_experiments/latency_fit.py``: a mismatch means the
 rebuild is not the build that ran.
 """
 

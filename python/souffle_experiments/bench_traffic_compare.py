@@ -1,10 +1,10 @@
-"""The bench's traffic columns of two runs side by side (``bench.json`` of ``python/bench.py``).
+"""The bench's traffic columns of two runs side by side (``bench.json`` of ``souffle_experiments/bench.py``).
 
 Used for issue 30's counting fix: the same compile matrix run at the commit before the fix and
 at the commit after it, each run whole at one commit; this prints (or writes) per model and
 configuration the global bytes per inference and the latency model's graph prediction of both.
 
-    .venv/bin/python python/bench_traffic_compare.py BEFORE/bench.json AFTER/bench.json [-o README.md]
+    .venv/bin/python -m souffle_experiments bench-traffic-compare BEFORE/bench.json AFTER/bench.json [-o README.md]
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ def table(before: dict, after: dict, labels: tuple[str, str]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--labels", nargs=2, default=("before", "after"))
     ap.add_argument("-o", "--output", default=None, help="write the table here (default: print it)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with open(args.before) as f:
         before = json.load(f)
     with open(args.after) as f:

@@ -1,13 +1,15 @@
 """The stitched SIMT GEMMs' K tile chosen by the latency model (16, 32 or 64) against dlight's 16,
 side by side in one run at one commit, on the full-size zoo at the default level.
 
-    .venv/bin/python python/k_tile_results.py OUT_DIR [MODEL ...] [--no-nvcc]
+    .venv/bin/python -m souffle_experiments k-tile-results OUT_DIR [MODEL ...] [--no-nvcc]
 
-Per model two builds, ``before`` (``gemm_k_tile=16``: every SIMT GEMM at dlight's K tile, the
-rule's choice before the K tile was chosen) and ``after`` (the default), each saved as
-``<build>_<model>.json`` (the CLI's report). ``OUT_DIR/README.md`` gets the table (launches,
+A spec of the experiment runner (``runner``). Per model two builds, ``before``
+(``gemm_k_tile=16``: every SIMT GEMM at dlight's K tile, the rule's choice before the K tile was
+chosen) and ``after`` (the default), each saved as ``<build>_<model>.json`` (the CLI's report;
+one already there is not built again). The table printed (for ``OUT_DIR/README.md``: launches,
 analytic bytes, the latency model's estimate under a CUDA graph and its sum of static floors,
-SIMT GEMM kernels by K tile with their ptxas figures) and ``k_tile.png`` the plot. Every time
+SIMT GEMM kernels by K tile with their ptxas figures), ``rows.json`` and the plot ``k_tile.png``
+cover every model with both reports in OUT_DIR. Every time
 is the model's estimate: no GPU ran these kernels. The last columns re-price the same two
 builds with one unpipelined K step costing a load's round trip (``floors.LOAD_LATENCY_CYCLES``)
 instead of the fitted ``kstep_cycles`` (at its bound, 2000): how much of the gain rests on that
@@ -15,18 +17,16 @@ one constant."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from souffle_tvm.cost import floors, hardware, latency
 
-from souffle_tvm.core import latency  # noqa: E402
-from souffle_tvm.cost import floors, hardware
+from . import runner
+from .paths import ROOT
 
 # label: (zoo model, its flags)
 MODELS = {"efficientnet": ("efficientnet", []), "resnext": ("resnext", []), "mmoe": ("mmoe", []),
@@ -36,22 +36,20 @@ BUILDS = {"before": ["--gemm-k-tile", "16"], "after": []}
 CLI = str(ROOT / ".venv" / "bin" / "souffle-tvm")
 
 
-def build(out: Path, model: str, name: str, nvcc: bool) -> float:
-    path = out / f"{name}_{model}.json"
-    zoo, flags = MODELS[model]
+def build(model: tuple[str, list[str]], options: list[str], cell: runner.Cell, nvcc: bool = True) -> None:
+    """One report, written by the CLI at ``cell.path``."""
+    zoo, flags = model
     cmd = [CLI, "-q", "compile", zoo, "--target", "cuda", "--fusion", "souffle", *flags,
-           *BUILDS[name], "--report", str(path)] + ([] if nvcc else ["--no-nvcc"])
-    t = time.perf_counter()
+           *options, "--report", str(cell.path)] + ([] if nvcc else ["--no-nvcc"])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
 
 
 def _k_tile(form: str | None) -> str:
     return form.split("/k")[1].split()[0] if form and "/k" in form else "16"
 
 
-def summary(path: Path) -> dict:
-    r = json.loads(path.read_text())
+def summary(r: dict) -> dict:
+    """One report's figures for the table (``r``: the CLI's report)."""
     kernels = latency.kernels_from_rows(r["kernels"])
     gpu = hardware.for_arch(r.get("arch") or "sm_90")
     slow = dataclasses.replace(latency.FITTED, kstep_cycles=float(floors.LOAD_LATENCY_CYCLES))
@@ -87,11 +85,14 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def rows(cells: runner.Cells) -> dict:
+    """{model: (before, after)} for every model with both reports, in MODELS' order."""
+    return {m: (summary(cells[m]["before"]), summary(cells[m]["after"])) for m in MODELS
+            if set(BUILDS) <= set(cells.get(m, {}))}
 
+
+def plot(rows: dict, path: Path) -> None:
+    plt = runner.pyplot()
     models = list(rows)
     fig, ax = plt.subplots(figsize=(8, 4.4))
     width = 0.2
@@ -111,23 +112,25 @@ def plot(rows: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str]) -> int:
-    nvcc = "--no-nvcc" not in argv
-    args = [a for a in argv if a != "--no-nvcc"]
-    out = Path(args[0])
+def spec(nvcc: bool = True) -> runner.Spec:
+    return runner.Spec("k-tile-results", BUILDS, rows, build=lambda m, o, c: build(m, o, c, nvcc), table=table,
+                       plot=plot, plot_file="k_tile.png", rows_file="rows.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the results folder (its reports are kept; the missing ones built)")
+    ap.add_argument("models", nargs="*", help=f"models to build (default all: {' '.join(MODELS)})")
+    ap.add_argument("--no-nvcc", action="store_true", help="skip ptxas (no register figures)")
+    args = ap.parse_args(argv)
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        ap.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = args[1:] or list(MODELS)
-    for model in models:
-        for name in BUILDS:
-            if not (out / f"{name}_{model}.json").exists():
-                print(f"{model} {name}: {build(out, model, name, nvcc):.1f} s", flush=True)
-    rows = {m: (summary(out / f"before_{m}.json"), summary(out / f"after_{m}.json")) for m in MODELS
-            if (out / f"before_{m}.json").exists() and (out / f"after_{m}.json").exists()}
-    (out / "rows.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
-    plot(rows, out / "k_tile.png")
+    runner.run(spec(not args.no_nvcc), out, MODELS, runner.ReportFiles(out), build_only=args.models or list(MODELS))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

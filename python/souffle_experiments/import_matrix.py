@@ -6,8 +6,8 @@ converters that existed before this work (LSTM; no GRU); "after" is ``import_onn
 The last column builds the export for CUDA (sm_90) with ``--fusion souffle`` at the default
 level (auto: v3, time-driven, kept or replaced by TVM's own build) and nvcc (``cuda_default``).
 
-    .venv/bin/python python/import_matrix.py            # + each export built for CUDA at the default level
-    .venv/bin/python python/import_matrix.py --names     # both fusions x three exporters' name styles
+    .venv/bin/python -m souffle_experiments import-matrix            # + each export built for CUDA at the default level
+    .venv/bin/python -m souffle_experiments import-matrix --names     # both fusions x three exporters' name styles
 
 ``--names``: every export of ``ROWS`` (the matrix, the CNNs with batch norm kept, the encoders
 with dynamic batch and sequence at two shapes) renamed in torch's, TF/Keras' and JAX's
@@ -22,14 +22,16 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from souffle_tvm.frontend import onnx_rnn
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.runtime import runner
 
-import torch_models as tm  # noqa: E402
+from .paths import checkout_module
 
-from souffle_tvm.runtime import runner  # noqa: E402
-from souffle_tvm.frontend import onnx_rnn  # noqa: E402
-from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
-from souffle_tvm.frontend.importer import import_onnx  # noqa: E402
+# the test suite's exporter matrix (PyTorch models, their exports, inputs and renames): a file
+# of the checkout's tests/, imported by its path as the tests import it (``torch_models``)
+tm = checkout_module("tests/torch_models.py")
 
 BATCH = 3
 # The rows of --names: (model, exporter, batch, sequence length or None). The SPECS x EXPORTERS
@@ -153,12 +155,12 @@ def names_table() -> None:
     table(cols, lambda s, f: f"{s} names, {f}", styled)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--names", action="store_true", help="both fusions x torch, TF and JAX name styles")
     ap.add_argument("--cuda", action="store_true", help="with --names: build the TF- and JAX-named exports for "
                     "CUDA sm_90 with nvcc at tvm, v2 and v3 instead")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.names and args.cuda:
         return cuda_table(("tf", "jax"))
     if args.names:

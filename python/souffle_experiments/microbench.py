@@ -7,10 +7,10 @@ syncs at 1-4 blocks per SM on every SM, and an empty kernel launched N times eag
 nodes of one CUDA graph (the graph-node cost). The forms a build produced are read from its
 report (``report.kernels[*].form``), never assumed.
 
-    .venv/bin/python python/microbench.py forms                 # which forms the cases produce (here)
-    .venv/bin/python python/microbench.py prepare               # = make microbench-bundle
-    python3 python/microbench.py run --bundle /tmp/b/microbench_bundle --out $OUT    # the device
-    .venv/bin/python python/gpu_check.py record --bundle microbench_bundle --result OUT/gpu_check.json
+    .venv/bin/python -m souffle_experiments microbench forms     # which forms the cases produce (here)
+    .venv/bin/python -m souffle_experiments microbench prepare   # = make microbench-bundle
+    PYTHONPATH=python python3 -m souffle_experiments microbench run --bundle /tmp/b/microbench_bundle --out $OUT
+    .venv/bin/python -m souffle_experiments gpu-check record --bundle microbench_bundle --result OUT/gpu_check.json
 
 ``prepare`` writes ``microbench_bundle/`` (+ ``.tgz``) in ``gpu_check``'s format: the device
 side is ``gpu_check.run`` itself (numerics against onnxruntime, CUDA-event medians with and
@@ -37,12 +37,10 @@ from typing import Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 
-import gpu_check  # noqa: E402 - imports no TVM
+from . import gpu_check  # noqa: E402 - imports no TVM
+from .paths import ROOT  # noqa: E402
 
 ARCH = gpu_check.ARCH
 DATE = "2026-12-07"
@@ -587,7 +585,7 @@ def estimate(manifest: dict, reps: int, trace_reps: int) -> dict:
 # == run (device: no TVM) =========================================================================
 def run_main(args) -> int:
     """gpu_check.run on the bundle's cases (trace over --trace-reps inferences), then the timing
-    probes in this process; ``$OUT/gpu_check.json`` (for ``gpu_check.py record``) and
+    probes in this process; ``$OUT/gpu_check.json`` (for ``gpu-check record``) and
     ``$OUT/microbench.json`` (the probes)."""
     bundle = Path(args.bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())

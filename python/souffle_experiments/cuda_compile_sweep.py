@@ -1,8 +1,8 @@
 """Every model of ONNX's conformance suite compiled for CUDA at the default level: which compile,
 which are refused with the project's clear error, which crash.
 
-    python python/cuda_compile_sweep.py run OUT.jsonl [--shard I --shards N] [--only SUBSTRING] [--emulate]
-    python python/cuda_compile_sweep.py table OUT.jsonl [BEFORE.jsonl] > results.md
+    python -m souffle_experiments sweep run OUT.jsonl [--shard I --shards N] [--only SUBSTRING] [--emulate]
+    python -m souffle_experiments sweep table OUT.jsonl [BEFORE.jsonl] > results.md
 
 ``onnx_conformance.py`` runs the suite on llvm (numerics); this compiles the same models for
 ``cuda`` (sm_90) with ``--fusion souffle`` at the default level, which stitches, prices and builds
@@ -186,7 +186,11 @@ def _read(path: str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if len(argv) >= 2 and argv[0] == "run":
         args = [a for a in argv[2:] if a != "--emulate"]
         opt = dict(zip(args[::2], args[1::2]))
@@ -200,5 +204,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

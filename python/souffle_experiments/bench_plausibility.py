@@ -1,6 +1,6 @@
-"""Re-pricing and plausibility of a `make bench` result (python/bench.py's bench.json).
+"""Re-pricing and plausibility of a `make bench` result (souffle_experiments/bench.py's bench.json).
 
-    .venv/bin/python python/bench_plausibility.py results/bench-<date>/bench.json
+    .venv/bin/python -m souffle_experiments bench-plausibility results/bench-<date>/bench.json
 
 Writes ``plausibility.md`` and ``plausibility.png`` next to the bench.json, from the compact
 per-kernel rows (``kernel_rows``) bench.py keeps for tvm, v3 and v3t:
@@ -26,7 +26,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 THRESHOLD = 0.6
 CONFIGS = ("tvm", "v3", "v3t")
 FLAG = "implausible for an untuned schedule"
@@ -43,7 +42,6 @@ class Peaks:
 
 
 def peaks_for(result: dict) -> Peaks:
-    sys.path.insert(0, str(ROOT))
     from souffle_tvm.cost import hardware
 
     gpu = hardware.for_arch(result.get("target", "cuda -arch=sm_90").split("-arch=")[-1])
@@ -51,7 +49,6 @@ def peaks_for(result: dict) -> Peaks:
 
 
 def _timed(form: str) -> bool:
-    sys.path.insert(0, str(ROOT))
     from souffle_tvm.cost import measured
 
     return measured.timed_in_a_total(form)
@@ -368,6 +365,9 @@ def plot(ks: list[KernelCheck], peaks: Peaks, out: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if len(args) != 1:
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
         return 2

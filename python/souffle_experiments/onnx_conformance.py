@@ -1,7 +1,7 @@
 """ONNX's conformance suite (``onnx.backend.test.BackendTest``) against souffle-tvm, both fusions, llvm.
 
-    python python/onnx_conformance.py                      # everything: results/onnx-conformance-<date>.{md,json}
-    python python/onnx_conformance.py --only 'test_relu|test_add' --fusions tvm --no-write
+    python -m souffle_experiments conformance                      # everything: results/onnx-conformance-<date>.{md,json}
+    python -m souffle_experiments conformance --only 'test_relu|test_add' --fusions tvm --no-write
 
 Every test of BackendTest on the CPU device: the node tests it makes from the cases the onnx
 package ships, and its model tests ("real" = the package's local light models, "simple",
@@ -26,7 +26,9 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import paths
+
+ROOT = str(paths.ROOT)
 FUSIONS = ("tvm", "souffle")
 KINDS = ("node", "real", "simple", "pytorch-converted", "pytorch-operator")
 
@@ -139,7 +141,7 @@ def write(results: dict, meta: dict, fusions: list[str], stem: str, note: str, s
                              for n, r in sorted(results.items())}}, f, indent=1)
     kinds = ["pass", "unsupported", "wrong", "crash", "skip"]
     lines = [f"# ONNX backend conformance: souffle-tvm on llvm ({datetime.date.today()})", "",
-             "`python python/onnx_conformance.py` runs `onnx.backend.test.BackendTest` (onnx "
+             "`python -m souffle_experiments conformance` runs `onnx.backend.test.BackendTest` (onnx "
              f"{_onnx_version()}) over `souffle_tvm.pipeline.onnx_backend` on the CPU device: the node tests "
              "made from the cases the onnx package ships and the model tests it ships (real = its local "
              "light models, simple, pytorch-converted, pytorch-operator; nothing downloaded), each "
@@ -175,7 +177,7 @@ def write(results: dict, meta: dict, fusions: list[str], stem: str, note: str, s
         f.write("\n".join(lines) + "\n")
 
 
-README_BEGIN = "<!-- onnx-conformance: written by python/onnx_conformance.py --readme -->"
+README_BEGIN = "<!-- onnx-conformance: written by python -m souffle_experiments conformance --readme -->"
 README_END = "<!-- /onnx-conformance -->"
 
 
@@ -218,7 +220,7 @@ def readme_section(table: dict, md_path: str) -> str:
         f"ONNX's own conformance suite (`onnx.backend.test.BackendTest`, {sum(table['totals'][fusions[0]].values())} "
         f"tests: node tests and the model tests the onnx package ships) runs against `souffle_tvm.pipeline.onnx_backend` "
         f"on llvm: {totals}. The table per test, with every refusal's message: `{md_path}` "
-        "(`python python/onnx_conformance.py`; a quick subset is in `make test`, all of it in `make test-all`).",
+        "(`python -m souffle_experiments conformance`; a quick subset is in `make test`, all of it in `make test-all`).",
         "",
         f"* **every test passes** (both fusions, the op's own node tests): {', '.join(full)}",
         f"* **some pass** (passed/tests; the others refused with a clear error: an attribute form, a "

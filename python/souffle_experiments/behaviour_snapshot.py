@@ -6,9 +6,14 @@ groups, reasons, subprograms and kernels (grid, block, registers, shared memory,
 launches, bytes, flops, stages, grid syncs) and the SHA-256 of the CUDA source. Timings are
 left out (they differ run to run).
 
-    python python/behaviour_snapshot.py --out before.jsonl            # on the old commit
-    python python/behaviour_snapshot.py --out after.jsonl             # on the new one
-    python python/behaviour_snapshot.py --compare before.jsonl after.jsonl
+    make snapshot BASE=<commit> [QUICK=1] [ONLY='mmoe/small lstm/full']   # all three steps below
+
+    PYTHONPATH=<worktree of the old commit> python -P -m souffle_experiments snapshot --out before.jsonl
+    python -m souffle_experiments snapshot --out after.jsonl             # this tree
+    python -m souffle_experiments snapshot --compare before.jsonl after.jsonl
+
+The script is always this tree's; the ``souffle_tvm`` it snapshots is the first on the path (``-P``
+keeps the working directory off it). ``--out`` appends.
 
 ``--quick`` takes the six small models only (TVM's build, v0-v4 and the default level); the
 default adds the six full-size models (TVM's build, v2, v3 and the default level).
@@ -100,6 +105,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.compare:
         return compare(*args.compare)
+    import souffle_tvm
+
+    # which tree is snapshotted (make snapshot puts BASE's worktree first on the path)
+    print(f"souffle_tvm from {souffle_tvm.__file__}", file=sys.stderr, flush=True)
     with open(args.out, "a") as f:
         for model, small, level in cases(args.quick):
             name = f"{model}/{'small' if small else 'full'}/{level}"

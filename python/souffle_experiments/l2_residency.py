@@ -12,13 +12,13 @@ bounds instead of guessing, the fitted constants otherwise unchanged and not ref
   ``kstep_cycles`` and ``latency_us`` that many times lower, each kept inside its plausible range.
 
 Residency saves at most the second (weights and model inputs still come from DRAM; so does
-anything evicted). Priced on the 78 measured points (``python/latency_fit.py``'s: accuracy and
+anything evicted). Priced on the 78 measured points (``souffle_experiments/latency_fit.py``'s: accuracy and
 every point moved) and on the zoo at full size, TVM's build and the default's (v3,
 time-driven), built for sm_90 with ptxas, under one CUDA graph.
 
 Writes ``results/l2-residency-<date>/`` (``l2.json``, ``README.md``). All figures are ESTIMATES.
 
-    .venv/bin/python python/l2_residency.py [--models bert mmoe] [--no-nvcc] [--out DIR]
+    .venv/bin/python -m souffle_experiments l2-residency [--models bert mmoe] [--no-nvcc] [--out DIR]
 """
 
 from __future__ import annotations
@@ -32,16 +32,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from souffle_tvm import zoo
+from souffle_tvm.cost import hardware, latency
+from souffle_tvm.pipeline.driver import compile as compile_model
+from souffle_tvm.report import predicted
 
-import latency_fit  # noqa: E402
-
-from souffle_tvm import zoo  # noqa: E402
-from souffle_tvm.core import latency  # noqa: E402
-from souffle_tvm.cost import hardware
-from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
-from souffle_tvm.report import predicted  # noqa: E402
+from . import latency_fit
+from .paths import ROOT
 
 BUILDS = (("tvm", "tvm", {"cuda_graph": True, "level": "v2"}), ("default", "souffle", {"level": "v3", "partitioner": "time"}))
 MOVED = 1e-3     # a relative change below this is not a change
@@ -108,7 +105,7 @@ def zoo_model(name: str, gpu: hardware.GPU, priced: dict[str, latency.Constants]
 def markdown(result: dict) -> str:
     m = result["measured"]
     out = [f"# L2 residency between kernels: the most it could change ({result['date']})", "",
-           f"`python/l2_residency.py` at {result['commit']}, the fitted constants (`latency.FITTED`) otherwise "
+           f"`python -m souffle_experiments l2-residency` at {result['commit']}, the fitted constants (`latency.FITTED`) otherwise "
            "unchanged and not refitted. Two bounds: **bandwidth**, every streamed byte at L2's sustained rate "
            f"({result['l2_tbps']:.2f} TB/s) instead of DRAM's ({result['dram_tbps']:.2f} TB/s); **latency**, that and "
            f"every global access at an L2 hit's latency, {result['latency_ratio']:g}x shorter than DRAM's "
@@ -134,13 +131,13 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=zoo.names())
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--no-nvcc", action="store_true", help="skip ptxas (no register figures: occupancy guessed)")
     ap.add_argument("--out", default=None, help="output folder (default results/l2-residency-<date>)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     gpu = hardware.for_arch(args.arch)
     priced = bounds()
     date = datetime.date.today().isoformat()

@@ -1,20 +1,23 @@
 """Tabulate and plot the resident-weight results: JSON reports of `souffle-tvm compile --report`
 in one directory, named ``<build>_<model>.json``, where ``build`` is one of BUILDS.
 
-    python python/resident_results.py results/resident-weights-2026-12-03
-    python python/resident_results.py results/joint-tiles-2026-12-05 --preset joint-tiles
-    python python/resident_results.py results/mbconv-chains-2026-12-05 --preset mbconv-chains
+    python -m souffle_experiments resident-results results/resident-weights-2026-12-03
+    python -m souffle_experiments resident-results results/joint-tiles-2026-12-05 --preset joint-tiles
+    python -m souffle_experiments resident-results results/mbconv-chains-2026-12-05 --preset mbconv-chains
 
-Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran: summed
+A spec of the experiment runner (``runner``) with no builds: the reports were made elsewhere
+(each build at its own commit). Prints a markdown table (launches, analytic bytes, counted bytes where the emulator ran: summed
 over a stitched kernel's stages, and distinct over the call, the L1 sectors its warps touched, the
 latency model's estimate under a CUDA graph, and per stitched kernel its ptxas figures and the
 shared memory its weight copies take) and writes the preset's plot beside the reports."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
+
+from . import runner
 
 BUILDS = (("tvm", "TVM's kernels (--fusion tvm)"),
           ("offchip", "souffle v3, --off-chip (no channels, chains or copies)"),
@@ -35,29 +38,26 @@ PRESETS = {"resident": (BUILDS, "resident.png"), "joint-tiles": (JOINT_BUILDS, "
            "mbconv-chains": (MBCONV_BUILDS, "mbconv-chains.png")}
 
 
-def rows(folder: Path, builds=BUILDS) -> list[dict]:
+def rows(cells: runner.Cells, builds=BUILDS) -> list[dict]:
     out = []
-    for path in sorted(folder.glob("*.json")):
-        build, _, model = path.stem.partition("_")
-        label = dict(builds).get(build)
-        if label is None:
-            continue
-        r = json.loads(path.read_text())
-        counted = (r.get("counted") or {}).get("bytes")
-        sectors = (r.get("counted") or {}).get("sector_bytes")
-        # a stitched kernel's distinct bytes count a weight re-read at every step once; summed
-        # over its stages (each counted as if alone) they count every re-read, as separate kernels do
-        staged = sum(k["launches"] * (sum(st["distinct_bytes"] for st in k["counted"]["stages"])
-                                      if k["counted"].get("stages") else k["counted"]["distinct_bytes"])
-                     for k in r["kernels"] if k.get("counted")) if counted else None
-        stitched = [k for k in r["kernels"] if k.get("stages")]
-        out.append({"model": model, "build": build, "label": label, "launches": r["launches"],
-                    "mb": r["bytes"] / 1e6, "counted_mb": counted / 1e6 if counted else None,
-                    "staged_mb": staged / 1e6 if staged else None,
-                    "sector_mb": sectors / 1e6 if sectors else None,
-                    "graph_ms": r["latency"]["graph_ms"] if r.get("latency") else None,
-                    "kernels": [(k["registers"], k["shared_bytes"], k["spill_bytes"], k["grid"][0], k["block"][0])
-                                for k in stitched]})
+    for model, by_build in cells.items():
+        for build, r in by_build.items():
+            label = dict(builds)[build]
+            counted = (r.get("counted") or {}).get("bytes")
+            sectors = (r.get("counted") or {}).get("sector_bytes")
+            # a stitched kernel's distinct bytes count a weight re-read at every step once; summed
+            # over its stages (each counted as if alone) they count every re-read, as separate kernels do
+            staged = sum(k["launches"] * (sum(st["distinct_bytes"] for st in k["counted"]["stages"])
+                                          if k["counted"].get("stages") else k["counted"]["distinct_bytes"])
+                         for k in r["kernels"] if k.get("counted")) if counted else None
+            stitched = [k for k in r["kernels"] if k.get("stages")]
+            out.append({"model": model, "build": build, "label": label, "launches": r["launches"],
+                        "mb": r["bytes"] / 1e6, "counted_mb": counted / 1e6 if counted else None,
+                        "staged_mb": staged / 1e6 if staged else None,
+                        "sector_mb": sectors / 1e6 if sectors else None,
+                        "graph_ms": r["latency"]["graph_ms"] if r.get("latency") else None,
+                        "kernels": [(k["registers"], k["shared_bytes"], k["spill_bytes"], k["grid"][0], k["block"][0])
+                                    for k in stitched]})
     order = [b for b, _ in builds]
     return sorted(out, key=lambda d: (d["model"], order.index(d["build"])))
 
@@ -94,11 +94,7 @@ def _runs(kernels: list) -> list[tuple]:
 
 
 def plot(data: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runner.pyplot()
     models = sorted({d["model"] for d in data})
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 2.6 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
@@ -117,16 +113,21 @@ def plot(data: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str]) -> int:
-    preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "resident"
-    rest = [a for i, a in enumerate(argv) if a != "--preset" and (i == 0 or argv[i - 1] != "--preset")]
+def spec(preset: str = "resident") -> runner.Spec:
     builds, picture = PRESETS[preset]
-    folder = Path(rest[0] if rest else ".")
-    data = rows(folder, builds)
-    print(table(data))
-    plot(data, folder / picture)
+    return runner.Spec(f"resident-results --preset {preset}", dict(builds), lambda cells: rows(cells, builds),
+                       table=table, plot=plot, plot_file=picture)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", default=".", help="the reports' folder; the plot is written there")
+    ap.add_argument("--preset", default="resident", choices=list(PRESETS))
+    args = ap.parse_args(argv)
+    folder = Path(args.folder)
+    runner.run(spec(args.preset), folder, store=runner.ReportFiles(folder))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -4,7 +4,7 @@ For every small zoo model, build ``--fusion souffle --level v3`` for sm_90 with 
 per stitched kernel, the estimate the partitioner grows subprograms with against the registers
 and shared memory ptxas reports. Prints a Markdown table (docs/partitioner.md carries one run).
 
-    .venv/bin/python python/estimate_error.py [--models bert,lstm] [--full]
+    .venv/bin/python -m souffle_experiments estimate-error [--models bert,lstm] [--full]
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ def stitched_estimate(func: tvm.tirx.PrimFunc) -> estimate.Estimate:
     return estimate.kernel([estimate.stage(s.body) for s in stages])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(zoo.names()))
     ap.add_argument("--full", action="store_true", help="full-size models (slow)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print("| model | kernel | stages | registers est. | ptxas | shared B est. | ptxas (static + dynamic) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     errors = []
@@ -46,6 +46,7 @@ def main() -> None:
         print(f"\nregisters: mean relative error {statistics.mean(errors):+.0%}, "
               f"mean absolute {statistics.mean(abs(e) for e in errors):.0%}, "
               f"worst {max(errors, key=abs):+.0%} over {len(errors)} kernels")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Counted traffic (the GPU emulator, ``runtime.traffic``) before and after the K tile choice.
 
-    .venv/bin/python python/k_tile_counted.py OUT_DIR [--full efficientnet]
+    .venv/bin/python -m souffle_experiments k-tile-counted OUT_DIR [--full efficientnet]
 
 Builds each small zoo model at the default level twice, ``gemm_k_tile=16`` (before) and the
 default (after), and the full-size GEMMs whose K tile the choice changes most (EfficientNet-B0's
@@ -9,21 +9,20 @@ MatMuls), runs their kernels in the emulator and writes ``OUT_DIR/counted.json``
 ``counted.md``: launches, the report's analytic bytes, the counted distinct bytes that cross the
 chip boundary, the bytes of the 32-byte sectors the warps' requests touch (what L1/L2 serve),
 and whether every kernel's analytic bytes equal its counted ones. ``--full NAME``: a full-size
-zoo model too (slow: the emulator runs every thread of every kernel on the CPU)."""
+zoo model too (slow: the emulator runs every thread of every kernel on the CPU). A spec of the
+experiment runner (``runner``): the cells already in ``counted.json`` are kept, not counted again."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "python"))
+from souffle_tvm.pipeline.driver import compile as compile_model
 
-import microbench  # noqa: E402 - the single-operator builders
-from souffle_tvm.pipeline.driver import compile as compile_model  # noqa: E402
+from . import microbench  # the single-operator builders
+from . import runner
 
 SMALL = ("efficientnet", "resnext", "mmoe", "bert", "swin", "lstm")
 GEMMS = {"gemm 49x1152x192 (EfficientNet 7x7 1x1 conv)": (49, 1152, 192),
@@ -42,6 +41,17 @@ def count(model, small: bool, **options) -> dict:
             "graph_ms": r.latency["graph_ms"] if r.latency else None, "seconds": round(time.perf_counter() - t, 1)}
 
 
+def models(full: list[str]) -> dict[str, tuple]:
+    """{label: (zoo name or GEMM shape, small)}: the small zoo, the two GEMMs, ``full`` at full size."""
+    return {**{f"{m} (small)": (m, True) for m in SMALL}, **{name: (shape, False) for name, shape in GEMMS.items()},
+            **{f"{m} (full)": (m, False) for m in full}}
+
+
+def model_of(ref) -> object:
+    """A zoo name as it is; a GEMM's shape as its single-MatMul ONNX model."""
+    return microbench.matmul(*ref) if isinstance(ref, tuple) else ref
+
+
 def table(rows: dict) -> str:
     lines = ["| model | launches | analytic KB before / after | counted KB before / after | sector KB before / "
              "after | analytic = counted, after | SIMT GEMM forms after |", "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -55,26 +65,25 @@ def table(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[0])
-    full = argv[argv.index("--full") + 1:] if "--full" in argv else []
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "counted.json"
-    rows = json.loads(path.read_text()) if path.exists() else {}
-    todo = [(f"{m} (small)", m, True) for m in SMALL] + \
-           [(name, microbench.matmul(*shape), False) for name, shape in GEMMS.items()] + \
-           [(f"{m} (full)", m, False) for m in full]
-    for name, model, small in todo:
-        if name in rows:
-            continue
-        rows[name] = {b: count(model, small, **opts) for b, opts in BUILDS.items()}
-        print(name, {b: (r["counted_bytes"], r["sector_bytes"], r["seconds"]) for b, r in rows[name].items()},
-              flush=True)
-        path.write_text(json.dumps(rows, indent=1))
-    (out / "counted.md").write_text(table(rows) + "\n")
-    print(table(rows))
+SPEC = runner.Spec("k-tile-counted", BUILDS, rows=lambda cells: {m: c for m, c in cells.items() if set(BUILDS) <= set(c)},
+                   build=lambda model, opts, _: count(model_of(model[0]), model[1], **opts),
+                   table=table, table_file="counted.md",
+                   progress=lambda m, b, r, _: f"{m} {b}: {(r['counted_bytes'], r['sector_bytes'], r['seconds'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="folder of counted.json (kept and extended) and counted.md")
+    ap.add_argument("--full", nargs="*", default=[], help="full-size zoo models too (slow)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    store = runner.JsonCells(out / "counted.json")
+    todo = models(args.full)
+    # the table keeps every model counted.json holds, in its order, then this run's new ones
+    labels = store.models() + [m for m in todo if m not in store.models()]
+    runner.run(SPEC, out, {m: todo.get(m) for m in labels}, store, build_only=list(todo))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
