@@ -49,7 +49,7 @@ gpu-bundle: $(PY)
 	$(EXP) gpu-check prepare
 
 # Per-kernel microbenchmarks (issue 32): microbench_bundle/ + .tgz and the committed predictions
-# results/latency/microbench-predictions-<date>.json (docs/gpu-check.md)
+# data/latency/microbench-predictions-<date>.json (docs/gpu-check.md)
 microbench-bundle: $(PY)
 	$(EXP) microbench prepare --out microbench_bundle
 

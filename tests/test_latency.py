@@ -14,6 +14,7 @@ H200 = GPUS["h200"]
 C = latency.Constants(launch_us=5.0, node_us=1.5, sync_us=2.0, mem_efficiency=0.7, warp_gbps=2.0,
                       flop_efficiency=0.5, latency_us=0.3)
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data"
 
 
 def test_waves_and_tail():
@@ -126,7 +127,7 @@ def test_kernels_from_report_rows():
 
 
 def test_fitted_constants_are_the_committed_fit():
-    fit = json.loads((ROOT / "results" / "latency" / "fit.json").read_text())
+    fit = json.loads((DATA / "latency" / "fit.json").read_text())
     for name in latency.NAMES:
         lo, hi = latency.RANGES[name]
         assert lo <= getattr(latency.FITTED, name) <= hi

@@ -1,4 +1,4 @@
-"""The latency model against what a GPU measured (results/gpu, replayed by souffle_experiments.latency_fit):
+"""The latency model against what a GPU measured (data/gpu, replayed by souffle_experiments.latency_fit):
 the bounds issue 32 sets, checked so that they can fail."""
 
 import dataclasses

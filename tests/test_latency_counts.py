@@ -1,4 +1,4 @@
-"""The block counts the latency fit reads for the replayed plans (results/latency/counts-tvm.json,
+"""The block counts the latency fit reads for the replayed plans (data/latency/counts-tvm.json,
 written by souffle_experiments.latency_counts from today's builds): every kernel of TVM's plans is covered,
 a hand-counted GEMM carries the K steps its TIR has, and souffle_experiments.latency_fit attaches them.
 No builds: the committed JSON is read."""
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LATENCY = ROOT / "results" / "latency"
+DATA = ROOT / "data"
+LATENCY = DATA / "latency"
 
 from souffle_experiments import latency_fit
 
@@ -66,7 +67,7 @@ def test_the_fit_attaches_the_counts():
 
 def test_the_fit_loads_without_the_counts_file(tmp_path):
     (tmp_path / "latency").mkdir()
-    (tmp_path / "gpu").symlink_to(ROOT / "results" / "gpu")
+    (tmp_path / "gpu").symlink_to(DATA / "gpu")
     for plans in LATENCY.glob("plans-*.json"):
         (tmp_path / "latency" / plans.name).symlink_to(plans)
     points, _ = latency_fit.load_points(tmp_path)

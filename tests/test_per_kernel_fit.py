@@ -1,7 +1,7 @@
 """Per-kernel times into the latency fit (issue 32, item 3): a kernel measured on a GPU is recorded
 with the model's inputs of it, and ``souffle_experiments.latency_fit`` fits on it beside the totals. No GPU
 here: the measured times below are planted, from known constants, on kernels the zoo's measured
-builds really ran (results/latency), to show the fit finds those constants."""
+builds really ran (data/latency), to show the fit finds those constants."""
 
 import argparse
 import dataclasses
@@ -90,12 +90,12 @@ def test_a_recorded_kernel_carries_what_the_model_prices_it_from(tmp_path):
     entry = json.loads(db.read_text())["kernels"]["sm_90|aa|208|512"]
     assert entry["us"] == 20.0 and entry["inputs"] == inputs and entry["form"] == row["form"]
 
-    results = tmp_path / "results"
-    (results / "latency").mkdir(parents=True)
+    root = tmp_path / "data"
+    (root / "latency").mkdir(parents=True)
     k1 = {"name": "k1", "key": "sm_90|bb|1|32", "form": "Fallback@256",
           "inputs": {"name": "k1", "grid": [1], "block": [32], "launches": 1, "bytes": 4096, "flops": 0}}
-    (results / "latency" / "microbench-predictions-x.json").write_text(json.dumps({"cases": [{"kernels": [k1]}]}))
-    pts, skipped = latency_fit.load_kernel_points(db, results)
+    (root / "latency" / "microbench-predictions-x.json").write_text(json.dumps({"cases": [{"kernels": [k1]}]}))
+    pts, skipped = latency_fit.load_kernel_points(db, root)
     assert sorted(p["key"] for p in pts) == ["sm_90|aa|208|512", "sm_90|bb|1|32"]
     assert len(skipped) == 1 and "sm_90|cc|1|32" in skipped[0]
     (k,) = latency.kernels_from_rows([row])

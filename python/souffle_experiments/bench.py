@@ -44,7 +44,7 @@ from souffle_tvm.report import predicted, roofline
 from souffle_tvm.pipeline.driver import compile as compile_model
 from souffle_tvm.frontend.importer import import_onnx
 
-from .paths import ROOT
+from .paths import DATA, ROOT
 
 # (key, fusion, level): the paper's ablation V0..V3 beside TVM's own fusion; V4 is derived from
 # V3's build (``v4_from_v3``), not compiled again
@@ -276,10 +276,10 @@ def _latency_lines(result: dict) -> list[str]:
             f"{vt['predicted_ms']:.3f} | {vt['predicted_graph_ms']:.3f} | "
             f"{vt['predicted_graph_ms'] / t['predicted_graph_ms']:.2f} | {r['roofline_floor_ms_estimate']:.3f} | "
             f"{t['launches']} / {v3['launches']} / {vt['launches']} | {v3['stitched_stages']} / {vt['stitched_stages']} |")
-    validation = ROOT / "results" / "latency" / "validation.md"
+    validation = DATA / "latency" / "validation.md"
     if validation.exists():
         summary = next((ln for ln in validation.read_text().splitlines() if ln.startswith("All points")), "")
-        lines += ["", f"Validation against the measured GPU runs (results/latency/validation.md): {summary}"]
+        lines += ["", f"Validation against the measured GPU runs (data/latency/validation.md): {summary}"]
     return lines
 
 

@@ -1,7 +1,7 @@
-"""Markdown tables (and a plot) from GPU-check results (results/gpu/*.json), one table per run.
+"""Markdown tables (and a plot) from GPU-check results (data/gpu/*.json), one table per run.
 
-    .venv/bin/python -m souffle_experiments gpu-summary results/gpu/gpu_check-run3.json [...] > results/gpu/summary.md
-    .venv/bin/python -m souffle_experiments gpu-summary --plot results/gpu/latency.png results/gpu/gpu_check-run4.json
+    .venv/bin/python -m souffle_experiments gpu-summary data/gpu/gpu_check-run3.json [...] > data/gpu/summary.md
+    .venv/bin/python -m souffle_experiments gpu-summary --plot data/gpu/latency.png data/gpu/gpu_check-run4.json
 
 Ratios are taken only between cases of the same run (side by side, one process, one GPU).
 Variants: ``tvm``; ``souffle`` (V3, stitched); ``souffle-v2`` / ``souffle-v0`` (ablation

@@ -1,6 +1,6 @@
 """Block counts (``cost.tir_counts``) of the replayed plans' kernels: TVM's rebuilt today, souffle's at their commit.
 
-The replayed plans (``results/latency/plans-<commit>.json``, ``souffle_experiments/latency_replay.py``) were
+The replayed plans (``data/latency/plans-<commit>.json``, ``souffle_experiments/latency_replay.py``) were
 written by old commits that counted nothing per block, so the latency fit never saw a kernel's
 K-step chain or its shared-memory wavefronts. TVM's own kernels (``fusion="tvm"``: Relax FuseOps +
 dlight) do not depend on this project's code, so this script rebuilds every tvm case of
@@ -15,7 +15,7 @@ the second build widens the stitched grids from ptxas' figures), each device ker
 build counted by today's ``tir_counts`` (loaded by file path), and written under
 ``"<case id>@<commit>"`` (both plans files hold cases of the same id).
 
-    .venv/bin/python -m souffle_experiments latency-counts        # writes results/latency/counts-tvm.json
+    .venv/bin/python -m souffle_experiments latency-counts        # writes data/latency/counts-tvm.json
     git worktree add /tmp/old44fa 44fa44f
     PYTHONPATH=/tmp/old44fa .venv/bin/python -P -m souffle_experiments latency-counts --old-commit 44fa44f
     git worktree add /tmp/old8580 8580722
@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from .paths import ROOT
+from .paths import DATA, ROOT
 
-PLANS = ROOT / "results" / "latency" / "plans-44fa44f.json"
-OUT = ROOT / "results" / "latency" / "counts-tvm.json"
+PLANS = DATA / "latency" / "plans-44fa44f.json"
+OUT = DATA / "latency" / "counts-tvm.json"
 ARCH = "sm_90"
 
 
@@ -119,7 +119,7 @@ def old_commit(args) -> int:
         return build(*a, **kw)
 
     build_tvm.record_device_kernels, build_tvm.build = counting, counting_build
-    plans = json.loads((ROOT / "results" / "latency" / f"plans-{args.old_commit}.json").read_text())
+    plans = json.loads((DATA / "latency" / f"plans-{args.old_commit}.json").read_text())
     cases = [c for c in plans["cases"] if c["fusion"] == "souffle" and (not args.cases or c["id"] in args.cases)]
     out_path = Path(args.out)
     out = json.loads(out_path.read_text())

@@ -1,16 +1,16 @@
 """Fit the latency model's seven constants on every measured GPU run and validate it honestly.
 
-Data: each case of ``results/gpu/gpu_check-run{1,2,3}.json`` (median ms, with and without a
+Data: each case of ``data/gpu/gpu_check-run{1,2,3}.json`` (median ms, with and without a
 CUDA graph), predicted from the kernel plans of the builds that ran, rebuilt at their commit
 (``souffle_experiments/latency_replay.py``; runs 1-2 from 8580722, run 3 from 44fa44f; TVM's kernels from
 44fa44f, whose launch counting matches the trace). A case whose rebuilt launches or grid
 syncs differ from the run's trace is left out and listed. Each plan kernel gets the block counts
-(K steps, shared wavefronts, ...) of ``results/latency/counts-tvm.json`` where that file has its
+(K steps, shared wavefronts, ...) of ``data/latency/counts-tvm.json`` where that file has its
 case and kernel name (``souffle_experiments/latency_counts.py``: TVM's kernels rebuilt today, matched on grid,
 block and launches; souffle cases under ``"<id>@<commit>"``); without the file, none.
 
 Per-kernel times, where a GPU gave them: each entry of the measured-times database
-(``results/latency/measured.json``, filled by ``python -m souffle_experiments gpu-check record`` from a microbench or
+(``data/latency/measured.json``, filled by ``python -m souffle_experiments gpu-check record`` from a microbench or
 gpu_check run) that carries the model's inputs of its kernel (``inputs``: the report row's
 ``cost.latency.ROW_INPUTS``; else found by its key in a committed
 ``microbench-predictions-*.json``) is one more point: one launch, predicted by ``kernel_time``.
@@ -22,7 +22,7 @@ Validation: leave-one-model-out (refit without each model, predict its cases), t
 margin of souffle vs tvm for every measured pair, and per kernel: the error of the fit on totals
 alone beside the joint fit's, and leave-one-form-out (refit without each schedule form's kernels).
 
-    .venv/bin/python -m souffle_experiments fit            # writes results/latency/{fit.json,validation.md}
+    .venv/bin/python -m souffle_experiments fit            # writes data/latency/{fit.json,validation.md}
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ from scipy.optimize import least_squares
 
 from souffle_tvm.cost import hardware, latency
 
-from .paths import ROOT  # noqa: E402
+from .paths import DATA, ROOT  # noqa: E402
 
 RUNS = {1: "8580722", 2: "8580722", 3: "44fa44f"}
 TVM_PLANS = "44fa44f"
 COUNTS = "counts-tvm.json"     # souffle_experiments/latency_counts.py
 
 
-def load_counts(results: Path = ROOT / "results") -> dict[str, dict[str, dict]]:
-    """{case key: {kernel name: block counts}} of ``results/latency/counts-tvm.json``: the tvm cases
+def load_counts(root: Path = DATA) -> dict[str, dict[str, dict]]:
+    """{case key: {kernel name: block counts}} of ``data/latency/counts-tvm.json``: the tvm cases
     of plans-44fa44f under their id, old commits' souffle cases under ``"<id>@<commit>"``; {} without it."""
-    path = results / "latency" / COUNTS
+    path = root / "latency" / COUNTS
     return json.loads(path.read_text())["cases"] if path.exists() else {}
 
 
@@ -58,21 +58,21 @@ def with_counts(rows: list[dict], counts: dict[str, dict]) -> list[dict]:
     return [r | {"block_counts": counts[r["name"]]} if r["name"] in counts else r for r in rows]
 
 
-def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
+def load_points(root: Path = DATA) -> tuple[list[dict], list[str]]:
     """One point per measured (run, case, graphs): the kernels that ran and the median ms."""
-    plans = {c: {k["id"]: k for k in json.loads((results / "latency" / f"plans-{c}.json").read_text())["cases"]}
+    plans = {c: {k["id"]: k for k in json.loads((root / "latency" / f"plans-{c}.json").read_text())["cases"]}
              for c in set(RUNS.values()) | {TVM_PLANS}}
-    counts = load_counts(results)
+    counts = load_counts(root)
     points, skipped = [], []
     for run, commit in RUNS.items():
-        data = json.loads((results / "gpu" / f"gpu_check-run{run}.json").read_text())
+        data = json.loads((root / "gpu" / f"gpu_check-run{run}.json").read_text())
         for case in data["cases"]:
             if case.get("median_ms") is None:
                 continue
             cid = case["id"]
             plan = (plans[TVM_PLANS].get(cid) or plans[commit].get(cid)) if case["fusion"] == "tvm" else plans[commit].get(cid)
             if plan is None:
-                skipped.append(f"run {run} {cid}: no rebuilt plan (results/latency/README.md)")
+                skipped.append(f"run {run} {cid}: no rebuilt plan (data/latency/README.md)")
                 continue
             pc = plan_commit(case["fusion"], commit, cid, plans)
             counts_key = cid if case["fusion"] == "tvm" and pc == TVM_PLANS else f"{cid}@{pc}"
@@ -91,14 +91,14 @@ def load_points(results: Path = ROOT / "results") -> tuple[list[dict], list[str]
     return points, skipped
 
 
-def load_kernel_points(db_path: Path | None = None, results: Path = ROOT / "results") -> tuple[list[dict], list[str]]:
+def load_kernel_points(db_path: Path | None = None, root: Path = DATA) -> tuple[list[dict], list[str]]:
     """One point per measured kernel (``cost.measured``'s database) whose model inputs are known:
     its key, form, measured µs per launch and ``latency.Kernel``; and what was left out, why."""
     from souffle_tvm.cost.measured import MeasuredTimes
 
     db = MeasuredTimes.load(db_path)
     committed = {}
-    for path in sorted((results / "latency").glob("microbench-predictions-*.json")):
+    for path in sorted((root / "latency").glob("microbench-predictions-*.json")):
         for case in json.loads(path.read_text()).get("cases", []):
             for k in case.get("kernels", []):
                 if k.get("key") and k.get("inputs"):
@@ -274,7 +274,7 @@ def kernels_markdown(k: dict | None) -> list[str]:
     """The per-kernel figures (``validate_kernels``), or the statement that there are none."""
     if not k:
         return ["", "No per-kernel time has been measured: the fit rests on the totals alone "
-                "(`results/latency/measured.json` has no kernel with model inputs)."]
+                "(`data/latency/measured.json` has no kernel with model inputs)."]
     e = k["median_abs_error"]
     lines = ["", f"{k['points']} measured kernels, median |error| per launch: fitted on totals alone "
              f"{e['totals_only']:.1%}, jointly {e['joint']:.1%}, leave-one-form-out {e['lofo']:.1%}.", "",
@@ -295,8 +295,8 @@ def write_docs(v: dict, doc: Path = ROOT / "docs" / "latency-model.md") -> None:
 def markdown(v: dict, skipped: list[str]) -> str:
     c = v["constants"]
     lines = [f"# Latency model validation ({v['gpu']})", "",
-             "Generated by `python -m souffle_experiments fit` from results/gpu runs 1-3 and the rebuilt plans in "
-             "results/latency/. Errors are predicted / measured - 1; LOMO = the constants refitted "
+             "Generated by `python -m souffle_experiments fit` from data/gpu runs 1-3 and the rebuilt plans in "
+             "data/latency/. Errors are predicted / measured - 1; LOMO = the constants refitted "
              "without the case's model.", "",
              "## Constants (fitted on all points)", "", "| constant | value | plausible range |", "|---|---|---|"]
     for n in latency.NAMES:
@@ -357,7 +357,7 @@ def scatter(v: dict, path: Path) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "results" / "latency"))
+    ap.add_argument("--out", default=str(DATA / "latency"))
     ap.add_argument("--db", help="the measured-times database (default: cost.measured's)")
     args = ap.parse_args(argv)
     gpu = hardware.GPUS["h200"]

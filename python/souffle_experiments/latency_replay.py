@@ -1,7 +1,7 @@
 """Rebuild the builds the GPU runs measured, at the commit they came from, and write their
-kernel plans (what the latency model reads) to ``results/latency/plans-<commit>.json``.
+kernel plans (what the latency model reads) to ``data/latency/plans-<commit>.json``.
 
-The measured runs (results/gpu/, 2026-11-29) used the flat layout of those days
+The measured runs (data/gpu/, 2026-11-29) used the flat layout of those days
 (``souffle_tvm.api``, ``souffle_tvm.stitch``): this script runs with that tree first on
 ``sys.path`` and records, per stitched kernel, each stage's tiles, threads, bytes and flops by
 wrapping the old ``stitch.lower_stage`` and ``stitch.stitch``. Nothing of today's package is
@@ -9,7 +9,7 @@ imported, so the plans describe exactly the kernels that ran.
 
     git worktree add /tmp/old3 44fa44f
     PYTHONPATH=/tmp/old3 .venv/bin/python -P -m souffle_experiments replay --commit 44fa44f \\
-        --out results/latency/plans-44fa44f.json
+        --out data/latency/plans-44fa44f.json
 
 ``-P`` keeps the working directory off ``sys.path`` (``-m`` would put it first), so the old tree on
 ``PYTHONPATH`` is the ``souffle_tvm`` imported.

@@ -17,7 +17,7 @@ side is ``gpu_check.run`` itself (numerics against onnxruntime, CUDA-event media
 without a CUDA graph, per-kernel GPU times from the profiler's trace, here over several
 inferences: ``--trace-reps``), and the timing probes, kept under the manifest's
 ``timing_probes`` (``gpu_check.run`` runs only ``probes``). It commits the predictions before the
-run: ``results/latency/microbench-predictions-<DATE>.json``.
+run: ``data/latency/microbench-predictions-<DATE>.json``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ import numpy as np
 os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
 
 from . import gpu_check  # noqa: E402 - imports no TVM
-from .paths import ROOT  # noqa: E402
+from .paths import DATA, ROOT  # noqa: E402
 
 ARCH = gpu_check.ARCH
 DATE = "2026-12-07"
-PREDICTIONS = ROOT / "results" / "latency" / f"microbench-predictions-{DATE}.json"
+PREDICTIONS = DATA / "latency" / f"microbench-predictions-{DATE}.json"
 CARRY_LIMIT = gpu_check.TRAVEL_LIMIT      # what one device call carries, the working tree included
 SMS = 132                      # H200; prepare takes it from cost.hardware
 
@@ -549,7 +549,7 @@ def _probe_prediction(p: dict) -> dict:
 
 # == the GPU time estimate ========================================================================
 BUDGET_S = 300
-# Fixed costs, from results/gpu runs 1-3 (gpu_check.json "seconds" per case): the first case
+# Fixed costs, from data/gpu runs 1-3 (gpu_check.json "seconds" per case): the first case
 # ~8 s (CUDA context, torch's first kernels), each later small case ~0.1 s besides its reps.
 START_S = 60.0          # untar, pip install of the wheels, python + torch import, runtime load
 FIRST_CASE_S = 8.0

@@ -19,7 +19,8 @@ from types import ModuleType
 
 PACKAGE = Path(__file__).resolve().parent       # python/souffle_experiments
 ROOT = PACKAGE.parent.parent                    # the checkout: results/, tests/, docs/, souffle_tvm/
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "results"          # the dated record (history)
+DATA = ROOT / "data"                # what the code and the tests read (versioned inputs)
 
 
 def checkout_module(relative: str, name: str | None = None) -> ModuleType:

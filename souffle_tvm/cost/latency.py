@@ -46,7 +46,7 @@ bytes and flops. The terms, each physical:
   kernel's TIR): fitted constants must not buy a time no schedule of that work can reach.
 
 Seven constants, fitted once on every measured GPU run (``python/latency_fit.py``, results in
-``results/latency/`` and docs/latency-model.md), shared by all models and operators. ``BEFORE``
+``data/latency/`` and docs/latency-model.md), shared by all models and operators. ``BEFORE``
 is the model as it was before the sector term (the same code with it off). Not
 modelled (said in the docs): L1 reuse of a window smaller than the footprint, L2 residency
 between kernels (``Constants.l2_resident`` prices its bound instead: every streamed byte at L2's
@@ -85,7 +85,7 @@ class Constants:
         return {k: getattr(self, k) for k in NAMES}
 
 
-# Fitted by python/latency_fit.py on results/gpu runs 1-3 (results/latency/fit.json); a test
+# Fitted by python/latency_fit.py on data/gpu runs 1-3 (data/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.
 FITTED = Constants(launch_us=8.068, node_us=0.7292, sync_us=1.711, tile_us=0.1190, warp_gbps=0.9175, latency_us=0.6975,
                    kstep_cycles=1921.0)
@@ -345,7 +345,7 @@ def _prod(dims) -> int:
 
 def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
     """Kernels from report rows (``Report.kernels`` as JSON, or the replayed plans of
-    ``results/latency/``): a row with ``stages`` given as dicts is a stitched kernel.
+    ``data/latency/``): a row with ``stages`` given as dicts is a stitched kernel.
     ``elem_bytes``: the element size where a row does not give its own."""
     out = []
     for r in rows:

@@ -1,4 +1,4 @@
-"""Measured kernel times: a small JSON database in the repo (``results/latency/measured.json``)
+"""Measured kernel times: a small JSON database in the repo (``data/latency/measured.json``)
 that ``python/gpu_check.py record`` fills from a GPU run, and the time-driven partitioner
 prefers over the latency model's prediction where a kernel matches.
 
@@ -19,7 +19,7 @@ from tvm import tirx
 
 from ..core.files import atomic_write
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "results" / "latency" / "measured.json"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "latency" / "measured.json"
 ENV = "SOUFFLE_MEASURED_TIMES"      # another database file (tests, other machines)
 
 
@@ -57,7 +57,7 @@ class MeasuredTimes:
 
 
 # Schedule forms (``codegen.schedule.form_of``) that ran on a GPU inside a measured whole-model
-# total (results/gpu runs 1-3, built at 8580722 and 44fa44f): TVM's own kernels (dlight's rules
+# total (data/gpu runs 1-3, built at 8580722 and 44fa44f): TVM's own kernels (dlight's rules
 # at their own block sizes) and the stitched stages of that time, all at 256 threads (dlight's
 # GeneralReduction and Fallback; its Matmul at a 16 x 16 thread grid, which today's
 # StitchedMatmul@256 is only where it keeps dlight's micro tile, so it is not counted). No form
