@@ -222,6 +222,27 @@ def test_no_module_is_longer_than_the_limit():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_feedback_loop_never_reads_a_report():
+    """The ptxas loop prices the build's facts; the report is rendered once, by the driver, at
+    the end: nothing the loop and the build import reaches ``report``."""
+    graph = _imports(_sources())
+    for module in ("souffle_tvm.pipeline.feedback", "souffle_tvm.pipeline.building"):
+        assert module in graph
+        reached = _reach(graph, module)
+        assert "souffle_tvm.build.facts" in reached
+        assert not [m for m in reached if _package_of(m) == "report"], (module, sorted(reached))
+
+
 def test_runtime_side_imports_without_tvm():
     """The GPU machine runs the check with TVM's runtime alone: these must not need the compiler."""
     code = ("import sys\n"

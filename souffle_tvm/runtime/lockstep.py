@@ -33,7 +33,7 @@ def as64(e) -> tirx.PrimExpr:
     return cast(I64, e)
 
 
-def prod(es: list) -> tirx.PrimExpr:
+def product(es: list) -> tirx.PrimExpr:
     out = i64(1)
     for e in es:
         out = out * e
@@ -213,7 +213,7 @@ class Block:
             lead, minor = (row, col) if str(layout.value) == "row_major" else (col, row)
             flat = as64(ptr.args[2]) + lead * as64(stride) + minor
             shape = [as64(e) for e in buf.ty.shape]
-            strides = [as64(e) for e in buf.ty.strides] or [prod(shape[i + 1:]) for i in range(len(shape))]
+            strides = [as64(e) for e in buf.ty.strides] or [product(shape[i + 1:]) for i in range(len(shape))]
             return buf, [tirx.floordiv(flat if i == 0 else tirx.floormod(flat, strides[i - 1]), strides[i])
                          for i in range(len(shape))]
 
