@@ -29,6 +29,7 @@ from ..cost import hardware
 from ..errors import CoresidencyError, OverBudgetWarning, SouffleError
 from ..frontend.importer import ImportedModel
 from ..partition.subprograms import cut_cost, split_point
+from ..planning.coresidency import coresident_grids, over_budget
 from ..planning.register_caps import one_more_block, register_caps
 from .building import build
 from .options import Feedback
@@ -72,23 +73,6 @@ def _rebuild(imported: ImportedModel, built: Built, target, feedback: Feedback, 
 
 
 # -- repairs ------------------------------------------------------------------------------------
-def over_budget(facts: BuildFacts, souffle: SouffleModule, arch: str) -> dict[str, str]:
-    """{stitched kernel function: what ptxas found} for kernels that spill or leave no block of
-    the kernel co-resident on an SM: the partitioner's estimate was wrong about them."""
-    gpu = hardware.for_arch(arch)
-    stitched = {k.function for k in souffle.stitched if len(k.stages) > 1}
-    out = {}
-    for k in facts.kernels:
-        if k.primfunc not in stitched or k.registers is None:
-            continue
-        if k.spill_bytes:
-            out[k.primfunc] = f"{k.spill_bytes} B of register spills ({k.registers} registers)"
-        elif k.cooperative and (k.max_coresident or 0) < gpu.sms:   # no grid sync: nothing to wait for
-            out[k.primfunc] = (f"{k.registers} registers and {k.shared_bytes} B shared memory leave "
-                               f"{k.max_coresident} blocks co-resident, fewer than the {gpu.sms} SMs")
-    return out
-
-
 def _split(souffle: SouffleModule, why: dict[str, str]) -> dict[int, str]:
     """The forced cuts after this round: every subprogram whose stitched kernel is in ``why`` is
     cut in two, where the fewest extra bytes cross (earlier forced cuts are kept)."""
@@ -123,21 +107,6 @@ def _fitted(souffle: SouffleModule, over: dict[str, str], round_: int) -> Feedba
     progress.step(f"ptxas feedback: splitting {len(over)} kernel(s) that did not fit", round_ + 1,
                   MAX_FEEDBACK_ROUNDS)
     return dataclasses.replace(souffle.feedback, forced=_split(souffle, over))
-
-
-def coresident_grids(facts: BuildFacts, souffle: SouffleModule) -> dict[str, int]:
-    """{stitched kernel function: blocks} where the grid launched (from the static estimate)
-    differs from what ptxas' figures let be co-resident and the stages can use: fewer (needed,
-    or grid.sync() could deadlock) or more (more parallelism)."""
-    stitched = {k.function: k for k in souffle.stitched}
-    out = {}
-    for k in facts.kernels:
-        sk = stitched.get(k.primfunc)
-        if sk is not None and k.cooperative and k.max_coresident:
-            want = min(k.max_coresident, sk.max_blocks)
-            if want != sk.grid:
-                out[k.primfunc] = want
-    return out
 
 
 def _with_measured_grids(imported: ImportedModel, built: Built, target, use_nvcc: bool) -> tuple[Built, float]:
