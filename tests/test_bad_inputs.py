@@ -244,3 +244,30 @@ def test_the_vertical_transform_cuts_a_deep_chain_and_says_why(deep_chain):
     v = vertical(te_program.lower(m.mod, weight_values=m.params))
     cuts = [why for why in v.kept.values() if f"at most {MAX_COMPOSED}" in why]
     assert len(cuts) == (CHAIN - 1) // MAX_COMPOSED and len(v.inlined) + len(v.kept) == CHAIN
+
+
+@pytest.mark.parametrize("args, option", [
+    (("run", "mmoe", "--time", "-5"), "--time"), (("run", "mmoe", "--time", "0"), "--time"),
+    (("run", "mmoe", "--seed", "-1"), "--seed"), (("run", "mmoe", "--tolerance", "0"), "--tolerance"),
+    (("run", "mmoe", "--tolerance", "nan"), "--tolerance"), (("run", "mmoe", "--tolerance", "x"), "--tolerance"),
+    (("compile", "mmoe", "--gemm-k-tile", "-16"), "--gemm-k-tile"), (("analyze", "mmoe", "--rows", "-1"), "--rows"),
+    (("report", "r.json", "--rows", "two"), "--rows"), (("tune", "mmoe", "--database", "db", "--trials", "0"), "--trials"),
+    (("tune", "mmoe", "--database", "db", "--max-stages", "0"), "--max-stages"),
+    (("compile", "mmoe", "--fusion", "nope"), "--fusion")])
+def test_a_numeric_option_out_of_range_is_refused_in_one_line(args, option, capsys):
+    """Every numeric option is checked where it is parsed: exit 2 and one line naming the option
+    and the command's --help, before any work (``run --time -5`` used to be accepted)."""
+    from souffle_tvm import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(list(args))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("souffle-tvm: error: argument " + option) and f"souffle-tvm {args[0]} --help" in lines[0]
+
+
+def test_the_numeric_options_take_their_least_value():
+    from souffle_tvm import cli
+
+    parsed = cli.build_parser().parse_args(["run", "mmoe", "--time", "1", "--seed", "0", "--tolerance", "1e-9"])
+    assert (parsed.time, parsed.seed, parsed.tolerance) == (1, 0, 1e-9)

@@ -16,12 +16,13 @@ from ..core import progress
 from .. import zoo
 from ..errors import DynamicShapeError, MiscompileError, SouffleError, SouffleWarning, UnknownInputError
 from ..frontend.binding import parse_bind
-from .options import EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, input_args, model_args, parse_shapes, writable
+from .options import (EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser, input_args, model_args, parse_shapes, positive,
+                      whole, writable)
 from .run import cmd_run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="souffle-tvm", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="souffle-tvm", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="exit codes: 0 ok, 1 numerical mismatch, 2 bad input, 3 internal error")
     _add_global_flags(parser)
@@ -54,17 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", default=None, help=".npz with one array per model input (default: seeded random)")
     p.add_argument("--outputs", default=None, help="save the outputs to this .npz")
     p.add_argument("--check", action="store_true", help="compare with onnxruntime (exit 1 on mismatch)")
-    p.add_argument("--tolerance", type=float, default=None, help="relative L2 tolerance (1e-5 fp32, 1e-2 fp16)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--tolerance", type=positive, default=None, help="relative L2 tolerance (1e-5 fp32, 1e-2 fp16)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of the random inputs")
     p.add_argument("--target", default="llvm", choices=["llvm", "cuda"],
                    help="where to run: this CPU (default) or the first CUDA GPU (needs one and TVM's CUDA runtime)")
-    p.add_argument("--time", type=int, default=None, metavar="N",
+    p.add_argument("--time", type=whole(1), default=None, metavar="N",
                    help="also print the median time of N runs after a warm-up (synchronised with the device)")
 
     p = sub.add_parser("analyze", help="the whole model as tensor expressions: stage kinds, index maps, reuse")
     model_args(p)
     p.add_argument("--json", default=None, help="write the analysis (and the vertical transform's outcome) as JSON")
-    p.add_argument("--rows", type=int, default=40, help="stages to print (all are in the JSON)")
+    p.add_argument("--rows", type=whole(0), default=40, help="stages to print (all are in the JSON)")
 
     _tune_parser(sub)
 
@@ -93,7 +94,7 @@ def _add_report_parser(sub) -> None:
                                    "with the kernel-group graph, subprogram boundaries and why each was drawn.")
     p.add_argument("report", metavar="REPORT.json", help="a report written by `souffle-tvm compile --report`")
     p.add_argument("--html", default=None, metavar="OUT.html", help="also write the report as one HTML file")
-    p.add_argument("--rows", type=int, default=40, metavar="N",
+    p.add_argument("--rows", type=whole(0), default=40, metavar="N",
                    help="kernels to list in the terminal table (default 40; the HTML lists all)")
     p.set_defaults(handler=cmd_report)
 
@@ -127,9 +128,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_80 or sm_90 (default sm_90)")
     p.add_argument("--database", required=True, metavar="DIR",
                    help="work dir of the JSON database (created if missing; new records are appended)")
-    p.add_argument("--trials", type=int, default=64, metavar="N",
+    p.add_argument("--trials", type=whole(1), default=64, metavar="N",
                    help="measured candidates per distinct stage (default 64)")
-    p.add_argument("--max-stages", type=int, default=None, metavar="N",
+    p.add_argument("--max-stages", type=whole(1), default=None, metavar="N",
                    help="tune only the first N distinct stages (the rest keep the default rules)")
     p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure on remote GPUs registered with this TVM RPC tracker (needs --rpc-key)")

@@ -4,6 +4,7 @@ shares, ``--input-shapes``, ``--inputs`` files, paths an option will write; and 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import zipfile
 
@@ -12,6 +13,40 @@ import numpy as np
 from ..errors import SouffleError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the CLI's form: exit 2 and one line (no usage block), the
+    command's ``--help`` named for the rest."""
+
+    def error(self, message: str):
+        self.exit(2, f"souffle-tvm: error: {message} (see `{self.prog} --help`)\n")
+
+
+def whole(least: int):
+    """An argparse type: a whole number of at least ``least`` (``Parser`` then exits 2 with one
+    ``error:`` line naming the option)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is too small: give {least} or more")
+        return n
+    parse.__name__ = f"whole number of at least {least}"
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
+    return x
 
 
 def input_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +73,7 @@ def model_args(p: argparse.ArgumentParser) -> None:
                         "v0 no transforms, v1 + horizontal, v2 + vertical, "
                         "v3 + two-phase reductions and stitched cooperative kernels, "
                         "v4 + L2 prefetch of each stitched kernel's next-segment inputs")
-    p.add_argument("--gemm-k-tile", type=int, default=None, metavar="N",
+    p.add_argument("--gemm-k-tile", type=whole(1), default=None, metavar="N",
                    help="v3 on CUDA: K tile of the stitched SIMT GEMM stages (default: per GEMM, 16, 32 "
                         "or 64 as the latency model predicts fastest); tiles over 48 KB go to dynamic "
                         "shared memory")
