@@ -25,8 +25,9 @@ XDIST    = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 test: $(PY)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
+# the slow tests too; the gpu-marked ones need a lent GPU and a bundle (souffle_experiments gpu-check tests)
 test-all: $(PY)
-	$(PY) -m pytest -q $(XDIST) -m "slow or not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not gpu" $(PYTEST_ARGS)
 
 # The experiments under python/ are one package, souffle_experiments (installed by `make install`):
 # `$(PY) -m souffle_experiments --help` lists its commands.

@@ -95,6 +95,10 @@ def test_small_efficientnet_window_chains_counted_and_race_free():
     rep = souffle_compile("efficientnet", "cuda", "souffle", small=True, nvcc=False, count_traffic=True).report
     assert sum(k.form.startswith("WindowChain") for k in rep.kernels) >= 3
     assert not rep.counted["differences"], rep.counted["differences"]
+    # and something was compared: every kernel ran in the emulator, each analytic figure held
+    assert rep.kernels and all(k.counted for k in rep.kernels)
+    held, _, compared, _ = rep.counted["analytic_held"].split()      # "N of M equal"
+    assert int(held) == int(compared) >= len(rep.kernels), rep.counted
     m = import_onnx("efficientnet", small=True)
     souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="auto").resolved())
     for order, report, comparisons in race_checked_in_orders(m, souffle, ("ascending", "descending", "shuffle:5")):
