@@ -215,6 +215,18 @@ def test_a_stage_is_never_below_its_floor_on_the_busiest_sm():
     assert t.seconds >= t.floor
 
 
+def test_a_stage_below_its_own_floor_is_raised_to_it():
+    """The stage-level clamp, guarded: a stage whose tiles each need a million shared-memory
+    wavefronts but wait on no K step gets almost nothing from the fitted terms (one round trip a
+    wave); its shared floor (one wavefront a clock on its SM) is what it is given. Without the
+    clamp in ``stage_time`` this stage is predicted about 700 times too fast."""
+    st = Stage(132, 256, 132 * 1024, 132 * 1000, shared_wavefronts=1e6)
+    t = latency.stage_time(H200, latency.FITTED, st, 132)
+    assert t.floor == pytest.approx(1e6 / 1.98e9)
+    assert t.seconds == t.floor
+    assert latency.FITTED.latency_us * 1e-6 < t.floor / 100     # what the fitted terms alone give
+
+
 def test_a_stitched_kernel_floor_is_its_stages_in_sequence():
     a = Stage(132, 256, 0, 10**9)
     b = Stage(132, 256, 0, 3 * 10**9, tensor_core=True)

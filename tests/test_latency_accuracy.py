@@ -2,6 +2,8 @@
 the bounds issue 32 sets, checked so that they can fail."""
 
 import dataclasses
+import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,29 @@ def test_a_dearer_grid_sync_orders_fewer_pairs_right(points):
     fitted = latency_fit.accuracy(H200, latency.FITTED, points)
     bad = latency_fit.accuracy(H200, dataclasses.replace(latency.FITTED, sync_us=4 * latency.FITTED.sync_us), points)
     assert bad["signs_right"] < fitted["signs_right"], (bad, fitted)
+
+
+def _lomo_median(points, lomo: dict) -> float:
+    """Median |error| of each point priced with the constants fitted without its model."""
+    return statistics.median(abs(latency_fit.error(latency_fit.predict_ms(
+        H200, dataclasses.replace(latency.FITTED, **lomo[p["model"]]), p), p["measured_ms"])) for p in points)
+
+
+def test_leave_one_model_out_median_from_the_cached_refits(points):
+    """The leave-one-model-out bound in the default suite, from the refits the last fit kept
+    (data/latency/fit.json ``lomo_constants``; refitting takes 4 minutes, the slow test below):
+    each model's points priced by today's model with the constants fitted without that model.
+    The cache is the one the fitted constants came from, and it is no vacuous bound: every
+    held-out set with latency_us four times its value fails it."""
+    fit = json.loads((ROOT / "data" / "latency" / "fit.json").read_text())
+    assert fit["constants"] == pytest.approx(latency.FITTED.as_dict(), rel=1e-3)
+    lomo = fit["lomo_constants"]
+    assert set(lomo) == {p["model"] for p in points}
+    median = _lomo_median(points, lomo)
+    assert median <= latency_fit.MEDIAN_BOUND, median
+    assert median == pytest.approx(fit["lomo_median_abs_error"], abs=0.02)     # today's model, same answer
+    worse = {m: {**c, "latency_us": 4 * c["latency_us"]} for m, c in lomo.items()}
+    assert _lomo_median(points, worse) > latency_fit.MEDIAN_BOUND
 
 
 @pytest.mark.slow
