@@ -323,19 +323,20 @@ def _build_probes(out: Path, store) -> list[dict]:
 PROBES = ("coresident", "oversized", "nosync", "noflag")
 
 
-def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
+def two_stage_kernel(grid: int, block: int, shift: int, name: str, sched_target=None):
+    """The probes' stitched kernel: B = A + 1, then C[i] = 2 * B[(i + shift) % n] (n = 2 x grid x
+    block), each stage scheduled by dlight's Fallback (on ``sched_target``, default the CUDA
+    target) and stitched into one ``grid`` x ``block`` launch with a grid sync between them.
+    Returns (the stitched PrimFunc, the target, n); ``microbench`` reuses it for its probes."""
     import tvm
     from tvm import te, tirx
     from tvm.s_tir import dlight as dl
 
-    from souffle_tvm.build import executable as build_tvm
-    from souffle_tvm.cost import hardware
-    from souffle_tvm.build import ptxas as resources
-    from souffle_tvm.stitch import kernel, kernel_ir, lower
     from souffle_tvm.core.targets import make_target
+    from souffle_tvm.stitch import kernel, lower
 
     target = make_target("cuda", ARCH)
-    n, shift = grid * block * 2, block * 3 + 1
+    n = grid * block * 2
     A = te.placeholder((n,), "float32", "A")
     B = te.compute((n,), lambda i: A[i] + tirx.const(1.0, "float32"), "B")
     Bp = te.placeholder((n,), "float32", "Bp")
@@ -343,19 +344,21 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     stages = []
     for k, tensors in enumerate(([A, B], [Bp, C])):
         mod = tvm.IRModule({"main": te.create_prim_func(tensors)})
-        with target:
+        with sched_target or target:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
         stages += lower.lower_stage(f"s{k}", mod["main"], target)
-    name = f"probe_{kind}"
     func = kernel.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=name, target=target)[0]
-    if kind == "nosync":
-        func = _without_grid_syncs(func)
-    pipeline = build_tvm.TIR_PIPELINE
-    if kind == "noflag":
-        from souffle_tvm.build import cooperative
+    return func, target, n
 
-        func = cooperative.guard_grid_sync(tvm.IRModule({name: func}))[0][name]
-        pipeline = "default"
+
+def export_probe(out: Path, store, name: str, func, target, pipeline, block: int) -> dict:
+    """Build one probe kernel, export its library under ``out/libs`` and measure it with ptxas
+    (its cubin kept in ``store``: no second nvcc): the manifest fields every probe carries."""
+    import tvm
+
+    from souffle_tvm.build import ptxas as resources
+    from souffle_tvm.cost import hardware
+
     lib = tvm.tirx.build(tvm.IRModule({name: func}), target, pipeline=pipeline)
     path = out / "libs" / f"{name}.so"
     lib.export_library(str(path))
@@ -364,9 +367,28 @@ def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
     store.add(src)                      # the cubin measure compiled: no second nvcc
     kname = next(iter(res))
     occ = hardware.occupancy(hardware.for_arch(ARCH), block, res[kname].registers, res[kname].shared_bytes)
-    return {"name": name, "kind": kind, "lib": str(path.relative_to(out)), "func": name, "kernel": kname,
-            "cubin": store.path(src).name, "grid": grid, "block": block, "n": n, "shift": shift,
-            "registers": res[kname].registers, "predicted_blocks_per_sm": occ.blocks_per_sm,
+    return {"lib": str(path.relative_to(out)), "func": name, "kernel": kname, "cubin": store.path(src).name,
+            "registers": res[kname].registers, "predicted_blocks_per_sm": occ.blocks_per_sm}
+
+
+def _build_probe(out: Path, store, kind: str, grid: int, block: int) -> dict:
+    import tvm
+
+    from souffle_tvm.build import executable as build_tvm
+    from souffle_tvm.stitch import kernel_ir
+
+    name, shift = f"probe_{kind}", block * 3 + 1
+    func, target, n = two_stage_kernel(grid, block, shift, name)
+    if kind == "nosync":
+        func = _without_grid_syncs(func)
+    pipeline = build_tvm.TIR_PIPELINE
+    if kind == "noflag":
+        from souffle_tvm.build import cooperative
+
+        func = cooperative.guard_grid_sync(tvm.IRModule({name: func}))[0][name]
+        pipeline = "default"
+    built = export_probe(out, store, name, func, target, pipeline, block)
+    return {"name": name, "kind": kind, **built, "grid": grid, "block": block, "n": n, "shift": shift,
             "grid_sync": kernel_ir.has_grid_sync(func), "cooperative": kind != "noflag"}
 
 

@@ -481,33 +481,18 @@ def _build_empty(out: Path, store, name: str, grid: int, block: int, syncs: int)
     """The stitched probe kernel of ``gpu_check`` (same launch, same parameters) with its stages
     replaced by ``syncs`` grid syncs (none: an empty body, launched without the cooperative flag)."""
     import tvm
-    from tvm import te, tirx
-    from tvm.s_tir import dlight as dl
+    from tvm import tirx
 
     from souffle_tvm.build import executable as build_tvm
-    from souffle_tvm.build import ptxas as resources
     from souffle_tvm.cost import hardware
     from souffle_tvm.core.targets import make_target
-    from souffle_tvm.stitch import kernel, kernel_ir, lower
+    from souffle_tvm.stitch import kernel_ir
 
-    target = make_target("cuda", ARCH)
-    attrs = dict(target.attrs)            # the stages' threads = the kernel's (as schedule_group does)
+    attrs = dict(make_target("cuda", ARCH).attrs)   # the stages' threads = the kernel's (as schedule_group does)
     attrs.update({"kind": "cuda", "max_num_threads": block, "max_threads_per_block": block})
     attrs.pop("keys", None)
-    sched_target = tvm.target.Target(attrs)
-    n = grid * block * 2
-    A = te.placeholder((n,), "float32", "A")
-    B = te.compute((n,), lambda i: A[i] + tirx.const(1.0, "float32"), "B")
-    Bp = te.placeholder((n,), "float32", "Bp")
-    C = te.compute((n,), lambda i: Bp[(i + 1) % n] * tirx.const(2.0, "float32"), "C")
-    stages = []
-    for k, tensors in enumerate(([A, B], [Bp, C])):
-        mod = tvm.IRModule({"main": te.create_prim_func(tensors)})
-        with sched_target:
-            mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(mod)
-        stages += lower.lower_stage(f"s{k}", mod["main"], target)
     fname = f"mb_{name}"
-    func = kernel.stitch(stages, [["A", "B"], ["B", "C"]], grid, block, name=fname, target=target)[0]
+    func, target, n = gpu_check.two_stage_kernel(grid, block, 1, fname, tvm.target.Target(attrs))
     sync = next(s for s in kernel_ir.stage_loops(func) if kernel_ir.is_grid_sync(s))
     if syncs:
         body = [sync] * syncs
@@ -517,19 +502,10 @@ def _build_empty(out: Path, store, name: str, grid: int, block: int, syncs: int)
         body = [tirx.IfThenElse(tirx.BufferLoad(a_buf, [0]) > big,
                                 tirx.BufferStore(c_buf, tirx.BufferLoad(a_buf, [0]), [0]), None)]
     func = kernel_ir.replace_stages(func, body)
-    lib = tvm.tirx.build(tvm.IRModule({fname: func}), target, pipeline=build_tvm.TIR_PIPELINE)
-    path = out / "libs" / f"{fname}.so"
-    lib.export_library(str(path))
-    src = "\n".join(m.inspect_source() for m in lib.imports if m.kind == "cuda")
-    res = resources.measure(src, ARCH)
-    store.add(src)
-    kname = next(iter(res))
-    occ = hardware.occupancy(hardware.for_arch(ARCH), block, res[kname].registers, res[kname].shared_bytes)
-    return {"name": name, "lib": str(path.relative_to(out)), "func": fname, "kernel": kname,
-            "cubin": store.path(src).name, "grid": grid, "block": block, "n": n, "syncs": syncs,
+    built = gpu_check.export_probe(out, store, fname, func, target, build_tvm.TIR_PIPELINE, block)
+    return {"name": name, **built, "grid": grid, "block": block, "n": n, "syncs": syncs,
             "blocks_per_sm": grid // hardware.for_arch(ARCH).sms if syncs else None,
-            "cooperative": syncs > 0, "registers": res[kname].registers,
-            "predicted_blocks_per_sm": occ.blocks_per_sm}
+            "cooperative": syncs > 0}
 
 
 def _probe_prediction(p: dict) -> dict:

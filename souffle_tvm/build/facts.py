@@ -11,6 +11,7 @@ they are; nothing here decides.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from tvm import tirx
@@ -62,7 +63,7 @@ class KernelFacts:
     def cost_kernel(self) -> latency.Kernel:
         """The latency model's kernel: a stitched kernel's planned stages, else one stage of its
         own launch, bytes and flops."""
-        grid, threads = _prod(self.grid), _prod(self.block)
+        grid, threads = math.prod(self.grid or ()), math.prod(self.block or ())
         if self.stage_plan:
             # a stage that stores nothing of its own is priced at the kernel's element size
             stages = tuple(p.stage if p.stage.elem_bytes else dataclasses.replace(p.stage, elem_bytes=self.elem_bytes or 4)
@@ -71,7 +72,7 @@ class KernelFacts:
             stages = (Stage(grid, threads, self.bytes, self.flops, self.tensor_core, self.written_bytes or 0,
                             self.elem_bytes or 4),)
         return latency.Kernel(self.name, grid, threads, self.registers, self.shared_bytes or 0, stages,
-                              self.grid_syncs or 0 if self.stage_plan else 0, self.launches,
+                              (self.grid_syncs or 0) if self.stage_plan else 0, self.launches,
                               self.launches_outside_graph, self.counts)
 
 
@@ -104,13 +105,6 @@ class BuildFacts:
             return True
         except CoresidencyError:
             return False
-
-
-def _prod(dims) -> int:
-    out = 1
-    for d in dims or ():
-        out *= d
-    return out
 
 
 def _kernel_flops(kernels: list[DeviceKernel], flops: dict[str, int]) -> list[int]:

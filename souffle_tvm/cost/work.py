@@ -51,11 +51,9 @@ class BlockCounts:
         return cls(**d, busiest=cls.from_dict(busiest) if busiest else None)
 
     def rounded(self) -> "BlockCounts":
-        """These counts as they are kept (``as_dict``: fractional counts to 2 decimals), which is
-        what a report row carries and the latency model prices."""
-        return replace(self, shared_wavefronts=round(self.shared_wavefronts, 2),
-                       global_requests=round(self.global_requests, 2), global_sectors=round(self.global_sectors, 2),
-                       busiest=self.busiest.rounded() if self.busiest is not None else None)
+        """These counts as they are kept (``as_dict`` rounds fractional counts to 2 decimals),
+        which is what a report row carries and the latency model prices."""
+        return BlockCounts.from_dict(self.as_dict())
 
     def chain_cycles(self, step_cycles: float, compute_cycles: float = 0.0) -> float:
         """One block alone: its unpipelined steps at ``step_cycles`` each, its pipelined steps'

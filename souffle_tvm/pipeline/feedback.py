@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from ..build.executable import BuildResult
 from ..build.facts import BuildFacts, check_coresidency
@@ -143,18 +143,17 @@ class Proposal:
     note: str | None = None      # what progress says before it is built
 
 
-class Proposer:
+class Proposer(Protocol):
     """One kind of improvement: ``propose`` prunes to the kernels it can help and yields rebuilds
     in rank order (best first); ``failed`` and ``rejected`` are what progress says when a
     rebuild raises (the proposer then stops) or none passes ``accept``."""
-    failed = "not built"
-    rejected = "not kept"
+    failed: str
+    rejected: str
 
-    def propose(self, built: Built, gpu: hardware.GPU) -> Iterator[Proposal]:
-        raise NotImplementedError
+    def propose(self, built: Built, gpu: hardware.GPU) -> Iterator[Proposal]: ...
 
 
-class RegisterCaps(Proposer):
+class RegisterCaps:
     """A register cap (``__launch_bounds__``) where a kernel's registers alone hold its blocks per
     SM down and the latency model predicts one more block per SM faster
     (``planning.register_caps``); one proposal, all such kernels capped together."""
@@ -181,7 +180,7 @@ class RegisterCaps(Proposer):
 WIDEN_TRIES = 2
 
 
-class WiderGrids(Proposer):
+class WiderGrids:
     """A kernel's registers can fall with its grid (a grid-stride loop where each block had one
     tile: BERT-base's stitched v3 kernel, 178 registers at its 288 blocks, 79 at 132), so the grid
     the first build's figures allowed can leave blocks per SM unused. Where the settled build

@@ -213,8 +213,8 @@ class PartitionAndEmit:
         pending, done = list(part.groups), []
         while pending:
             g = pending.pop(0)
-            parts = [g] if g.opaque is not None else \
-                kernels.split_unschedulable(g, fused_or_alone.why_not_fused(scheduled, g, outputs_of(g, readers), readers))
+            parts = [g] if g.opaque is not None else kernels.split_unschedulable(
+                g, fused_or_alone.why_not_fused(scheduled, g, outputs_of(g, readers), readers))
             if len(parts) == 1:
                 done.append(g)
             else:
@@ -283,7 +283,7 @@ class StitchSubprograms:
             alone = fused_or_alone.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
             at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
-                                      sizes=TIME_BLOCKS, gemm_k_tile=_gemm_k_tile(info))
+                                         sizes=TIME_BLOCKS, gemm_k_tile=_gemm_k_tile(info))
             at_block_sizes.faster_alone(at, alone)
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
@@ -304,11 +304,11 @@ class StitchSubprograms:
             # each stitched subprogram runs at the block size predicted fastest
             if self.partitioner == "budget":
                 at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
-                                          window_prices.Timer(facts, gpu, latency.FITTED),
-                                          {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
-                                          gemm_k_tile=_gemm_k_tile(info))
-            sized = at_block_sizes.block_sizes(at, clean, groups, subs, window_prices.producers_of(groups, readers_of(prog)),
-                                            self.feedback.partition_block)
+                                             window_prices.Timer(facts, gpu, latency.FITTED),
+                                             {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
+                                             gemm_k_tile=_gemm_k_tile(info))
+            producers = window_prices.producers_of(groups, readers_of(prog))
+            sized = at_block_sizes.block_sizes(at, clean, groups, subs, producers, self.feedback.partition_block)
             if estimated:
                 grids.update(sized.grids)
         out, stitched = stitch_module(built, target, calls.subprogram_calls(subs), grid=gpu.sms,

@@ -78,12 +78,22 @@ def _scheduled_alone_seconds(cache: ScheduleCache, func: tirx.PrimFunc) -> float
     """Predicted time of ``func`` scheduled here, each launch region a kernel of its own."""
     try:
         scheduled = cache(func).func
-        lowered = lower.lower_stage("g", scheduled, cache.target)
     except (ScheduleError, StitchError):
         return None
     gpu = hardware.for_arch(str(cache.target.attrs.get("arch", "sm_90")))
-    return window_prices.alone_seconds(gpu, latency.FITTED, stage_work(scheduled, lowered, func, cache.target),
-                                 [estimate.stage(low.body) for low in lowered])
+    return _priced_alone(scheduled, func, cache.target,
+                         lambda work, est: window_prices.alone_seconds(gpu, latency.FITTED, work, est))
+
+
+def _priced_alone(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, price) -> float | None:
+    """``price(work, estimates)`` of a scheduled group's launch regions, each a kernel of its own:
+    the latency model's stages (``stage_work``) and the static resource estimates; None where its
+    launch form cannot be read."""
+    try:
+        lowered = lower.lower_stage("g", func, target)
+    except StitchError:
+        return None
+    return price(stage_work(func, lowered, unscheduled, target), [estimate.stage(low.body) for low in lowered])
 
 
 def breaks_join(group: Group, done: schedule.Scheduled) -> str | None:
@@ -137,8 +147,4 @@ def reschedule_alone(mod: tvm.IRModule, groups: list[Group], subprograms: list[t
 def _alone_seconds(func: tirx.PrimFunc, unscheduled: tirx.PrimFunc, target, timer: window_prices.Timer) -> float | None:
     """Predicted time of a scheduled group as kernels of its own under a CUDA graph (static
     resource estimate); None where its launch form cannot be read."""
-    try:
-        lowered = lower.lower_stage("g", func, target)
-    except StitchError:
-        return None
-    return timer.alone(stage_work(func, lowered, unscheduled, target), [estimate.stage(low.body) for low in lowered])
+    return _priced_alone(func, unscheduled, target, timer.alone)
