@@ -43,6 +43,10 @@ class TuningError(SouffleError):
     """Tuning cannot run as asked (no GPU, no tracker, a bad tracker address)."""
 
 
+class MeasureError(SouffleError):
+    """No device to measure on where one was asked for (``--measure``, ``--rpc-tracker``)."""
+
+
 class EmulationError(SouffleError):
     """The kernel uses a construct the emulator does not model (named in the message)."""
 

@@ -31,6 +31,7 @@ LAYERS = [
     ("runtime",),
     ("planning",),
     ("report",),
+    ("measure",),
     ("pipeline",),
     ("transform",),
     ("tune",),

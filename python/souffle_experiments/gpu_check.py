@@ -853,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("record", help="per-kernel GPU times of a run into the measured-times database")
     w.add_argument("--bundle", default=str(ROOT / "gpu_bundle"), help="the bundle the run ran (its manifest)")
     w.add_argument("--result", required=True, help="the run's gpu_check.json")
-    w.add_argument("--db", default=None, help="database file (default data/latency/measured.json)")
+    w.add_argument("--db", default=None, help="database file (default the package data souffle_tvm/cost/data/measured.json)")
     o = sub.add_parser("once", help="(internal) one inference of one case, for ncu")
     o.add_argument("--bundle", required=True)
     o.add_argument("--case", required=True)

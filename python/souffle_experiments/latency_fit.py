@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from souffle_tvm.cost import hardware, latency
+from souffle_tvm.cost import hardware, latency, shipped
 
 from .paths import DATA, ROOT  # noqa: E402
 
@@ -368,6 +368,8 @@ def main(argv=None) -> int:
     v = validate(gpu, points, kernel_points)
     out = Path(args.out)
     (out / "fit.json").write_text(json.dumps(v | {"skipped": skipped}, indent=1))
+    # what the installed package reads (constants and the leave-one-model-out sets): package data
+    shipped.write(v, "data/latency/fit.json (souffle_experiments fit)")
     (out / "validation.md").write_text(markdown(v, skipped))
     write_docs(v)
     scatter(v, out / "validation.png")

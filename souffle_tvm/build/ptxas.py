@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core.files import atomic_copy, atomic_write, is_elf, note_recomputed
+from ..core.files import atomic_copy, atomic_write, cache_root, is_elf, note_recomputed
 from ..errors import ToolchainError
 
 
@@ -41,11 +40,6 @@ class KernelResources:
 
 def nvcc_path() -> str | None:
     return shutil.which("nvcc")
-
-
-def cache_root() -> Path:
-    """The project's cache folder (``$SOUFFLE_TVM_CACHE``, default ``~/.cache/souffle-tvm``)."""
-    return Path(os.environ.get("SOUFFLE_TVM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "souffle-tvm"))
 
 
 def cache_dir() -> Path:

@@ -96,6 +96,11 @@ def is_elf(path: str | os.PathLike) -> bool:
         return False
 
 
+def cache_root() -> Path:
+    """The project's cache folder (``$SOUFFLE_TVM_CACHE``, default ``~/.cache/souffle-tvm``)."""
+    return Path(os.environ.get("SOUFFLE_TVM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "souffle-tvm"))
+
+
 def note_recomputed(path: str | os.PathLike, why: str, action: str = "recomputing it") -> None:
     """Say, in one line, that a cache entry could not be used and what happens instead."""
     warnings.warn(f"cache entry {path} is unusable ({why}): {action}", CacheWarning, stacklevel=3)

@@ -1,6 +1,8 @@
-"""Measured kernel times: a small JSON database in the repo (``data/latency/measured.json``)
-that ``python/gpu_check.py record`` fills from a GPU run, and the time-driven partitioner
-prefers over the latency model's prediction where a kernel matches.
+"""Measured kernel times: a small JSON database shipped as package data
+(``souffle_tvm/cost/data/measured.json``, ``cost.shipped``) that ``souffle_experiments gpu-check
+record`` fills from a GPU run, merged with the user's own timing cache for the device compiled
+for (``cost.timing_cache``); the time-driven partitioner prefers these over the latency model's
+prediction where a kernel matches.
 
 A kernel is keyed by the GPU architecture, the structural hash of its scheduled PrimFunc (which
 fixes its code, dynamic shared memory included; the function's name does not count), its grid
@@ -18,8 +20,9 @@ import tvm_ffi
 from tvm import tirx
 
 from ..core.files import atomic_write
+from .shipped import MEASURED
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "latency" / "measured.json"
+DEFAULT_PATH = MEASURED
 ENV = "SOUFFLE_MEASURED_TIMES"      # another database file (tests, other machines)
 
 

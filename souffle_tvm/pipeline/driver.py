@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -16,11 +16,15 @@ from ..build import ptxas
 from ..build.facts import check_coresidency
 from ..core import progress
 from ..core.targets import describe, is_cuda, make_target
+from ..cost import latency, shipped
+from ..cost.hardware import for_arch
 from ..errors import LoweringError
 from ..frontend.importer import ImportedModel, import_onnx
+from ..measure import regret
+from ..measure.device import reach
 from ..report import assemble, counted, predicted
 from ..report.schema import Report
-from . import results
+from . import measuring, results
 from .building import build
 from .feedback import settle
 from .options import AUTO, STITCHING_LEVELS, Feedback, Options
@@ -35,6 +39,9 @@ class Compiled:
     executable: relax.Executable
     report: Report
     cuda_source: str | None = None
+    fused: tvm.IRModule | None = None       # the module built: its PrimFuncs are the kernels
+    calls: dict[str, int] = field(default_factory=dict)            # kernel -> launches per inference
+    cost_kernels: list[latency.Kernel] = field(default_factory=list)   # as the latency model prices them
 
     def export_library(self, path: str) -> None:
         """Write the library plus ``<path>.params.npz`` (weights and I/O names beside it)."""
@@ -49,7 +56,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             nvcc: bool = True, level: str = AUTO, gemm_k_tile: int | None = None,
             partitioner: str | None = None, reduction: str = "deterministic",
             database: str | None = None, bind: dict | None = None, cuda_graph: bool = False,
-            gemm_tile: int | None = None, count_traffic: bool = False, onchip: bool = True) -> Compiled:
+            gemm_tile: int | None = None, count_traffic: bool = False, onchip: bool = True,
+            measure: bool | None = None, rpc_tracker: str | None = None, rpc_key: str | None = None) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -65,9 +73,16 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     ``cuda_graph``: build with TVM's CUDA-graph rewriting (``build.cuda_graph``; CUDA only).
     ``count_traffic``: run the built kernels in the GPU emulator and put the counted traffic
     beside the analytic bytes (``report.counted``; CUDA only, and slow on large models).
+    ``measure``: at level auto, time the candidate builds (Souffle's, TVM's, Souffle's budget
+    v3) on the device and keep the measured fastest that matches the reference
+    (``pipeline.measuring``): None measures where a GPU is reachable (a local one on CUDA, or
+    ``rpc_tracker``/``rpc_key``), True asks for it (on llvm too: this CPU), False never.
+    Without a measurement, where the choice flips inside the model's leave-one-model-out
+    constants, the build of least worst-case regret is kept and the report says so.
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile, onchip).check(tgt)
+    device = reach(tgt, measure, rpc_tracker, rpc_key) if level == AUTO and fusion == "souffle" else None
     auto, level = level == AUTO, options.level
     if not isinstance(model, ImportedModel):
         progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
@@ -125,16 +140,24 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
         counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
                       imported.params, result.footprints, stitched)
     predicted.add_latency(report, facts.cost_kernels())
-    compiled = Compiled(imported, tgt, result.executable, report, src)
-    if auto and souffle is not None and is_cuda(tgt) and report.latency:
-        progress.step("TVM's own build, to compare predicted times")
+    compiled = Compiled(imported, tgt, result.executable, report, src, result.fused, dict(result.calls),
+                        facts.cost_kernels() if is_cuda(tgt) else [])
+    if auto and souffle is not None and (device is not None or (is_cuda(tgt) and report.latency)):
+        progress.step("TVM's own build, to compare" + (" on the device" if device else " predicted times"))
         try:
-            theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph, count_traffic=count_traffic)
+            theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph or is_cuda(tgt) and device is not None,
+                             count_traffic=count_traffic)
         except Exception as err:  # noqa: BLE001 - only a comparison: TVM's failure must not fail ours
             # (TVM 0.27's dlight schedules of grouped convolutions fail its own lowering; issue 33)
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            compiled.report.latency["tvm_build_failed"] = f"{type(err).__name__}: {first[:200]}"
-        else:
+            compiled.report.latency = (compiled.report.latency or {}) | {"tvm_build_failed":
+                                                                         f"{type(err).__name__}: {first[:200]}"}
+            theirs = None
+        if device is not None:
+            budget = compile(source, tgt, "souffle", nvcc=nvcc, level="v3", cuda_graph=cuda_graph, measure=False)
+            builds = [("souffle", compiled)] + ([("tvm", theirs)] if theirs is not None else [])
+            compiled = measuring.choose(device, builds + [("souffle v3 budget", budget)])
+        elif theirs is not None:
             compiled = _faster_of(compiled, theirs)
     progress.clear()     # the caller prints next: no half line of progress in front of it
     return compiled
@@ -142,12 +165,22 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
 
 def _faster_of(souffle: Compiled, tvm_build: Compiled) -> Compiled:
     """Souffle's build, unless the latency model predicts TVM's own faster under a CUDA graph
-    (an estimate); the report that is returned carries both figures and both compile times."""
+    (an estimate); the report that is returned carries both figures and both compile times.
+    Where the leave-one-model-out constants disagree on which is faster, the build of least
+    worst-case regret over them is kept (``measure.regret``), and the report says so."""
     ours = souffle.report.latency["graph_ms"]
     theirs = (tvm_build.report.latency or {}).get("graph_ms")     # none where TVM's build launches nothing
     waited = souffle.report.compile_seconds + tvm_build.report.compile_seconds
+    choice = None
+    if theirs is not None:
+        gpu = for_arch(souffle.report.arch or "sm_90")
+        kernels = {"souffle": souffle.cost_kernels, "tvm": tvm_build.cost_kernels}
+        choice = regret.choose(lambda c: {n: latency.predict(gpu, c, ks, graphs=True).seconds
+                                          for n, ks in kernels.items()},
+                               latency.FITTED, shipped.leave_one_model_out())
+        souffle.report.latency["choice"] = choice.as_dict()
     # TVM's build with kernels the model cannot price is no comparison: ours is kept
-    if ours <= theirs if theirs is not None else tvm_build.report.launches > 0:
+    if choice.name == "souffle" if choice is not None else tvm_build.report.launches > 0:
         souffle.report.latency["tvm_graph_ms"] = theirs
         souffle.report.compile_seconds = round(waited, 3)
         return souffle
@@ -158,6 +191,13 @@ def _faster_of(souffle: Compiled, tvm_build: Compiled) -> Compiled:
                            f"it is used ({ours:.3f} ms predicted for Souffle's v3)")
         return tvm_build
     report.latency["souffle_graph_ms"] = ours
-    report.fallback = (f"the latency model predicts TVM's own kernels faster under a CUDA graph: {theirs:.3f} ms "
-                       f"against {ours:.3f} ms for Souffle's v3 (estimates); TVM's build is used")
+    report.latency["choice"] = choice.as_dict()
+    if theirs < ours:
+        said = f"the latency model predicts TVM's own kernels faster under a CUDA graph: {theirs:.3f} ms against "
+    else:
+        said = f"the fitted constants predict TVM's own kernels at {theirs:.3f} ms under a CUDA graph, against "
+    rule = ("" if not choice.uncertain else
+            f"; the constant sets disagree, and TVM's build has the least worst-case regret over them "
+            f"(the choice flips at {'; '.join(choice.flips) or 'a combination of constants'})")
+    report.fallback = f"{said}{ours:.3f} ms for Souffle's v3 (estimates){rule}; TVM's build is used"
     return tvm_build

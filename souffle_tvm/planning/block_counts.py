@@ -19,8 +19,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..build import executable, ptxas
-from ..core.files import atomic_write, note_recomputed
+from ..build import executable
+from ..core.files import atomic_write, cache_root, note_recomputed
 from ..core.structural import ByStructure
 from ..core.targets import is_cuda
 from ..cost import tir_counts, tir_stats
@@ -111,7 +111,7 @@ def stored_path(func: tirx.PrimFunc, target, block: int | None) -> Path | None:
     target, the block size and the counting code's version."""
     key = hashlib.sha256(f"{tvm_ffi.structural_hash(func)}|{target}|{block}|{_counting_version()}".encode())
     try:
-        root = ptxas.cache_root() / "counts"
+        root = cache_root() / "counts"
         root.mkdir(parents=True, exist_ok=True)
     except OSError:         # no writable cache: count in this process only
         return None

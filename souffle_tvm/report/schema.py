@@ -102,6 +102,8 @@ class KernelReport:
     floor_by: str | None = None          # which floor that is
     form: str | None = None              # its schedule form ("<rule>@<threads>"; a stitched kernel's stages joined by "+")
     measured_form: bool | None = None    # whether that form ever ran on a GPU (inside a measured total; cost/measured.py)
+    measured_us: float | None = None     # measured on a device (``--measure``): one launch, median
+    timed: str | None = None             # with --measure: "here" (this device), "elsewhere" (shipped times) or "predicted"
 
 
 @dataclass
@@ -128,6 +130,7 @@ class Report:
     cuda_graph: dict | None = None       # built with TVM's CUDA-graph rewriting: replays, launches in/outside
     reductions: dict | None = None       # souffle v3+: two-phase {"split": {name: form}, "kept": {name: why}}
     counted: dict | None = None          # traffic counted in the emulator (``--count-traffic``): totals, differences
+    measured: dict | None = None         # --level auto on a device: every candidate measured, the one kept and why
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -201,6 +204,7 @@ class Report:
                 lines.append(f"built with TVM's CUDA-graph rewriting: {g['replays']} graph replays hold "
                              f"{g['captured_launches']} launches, {g['launches_outside']} launched outside; "
                              f"predicted {lat.get('rewrite_ms', float('nan')):.3f} ms")
+        lines += _measured_lines(self)
         if self.fallback:
             lines.append(f"\nfallback to TVM's default path: {self.fallback}")
         if self.groups:
@@ -234,6 +238,31 @@ class Report:
                          + (" because:" if red["kept"] else ""))
             lines += _reason_counts([{"reason": why} for why in red["kept"].values()])
         return "\n".join(lines)
+
+
+def _measured_lines(report: "Report") -> list[str]:
+    """What was measured on a device (``--measure``), or that the choice rests on predictions."""
+    m = report.measured
+    if not m:
+        choice = (report.latency or {}).get("choice")
+        if choice and choice.get("uncertain"):
+            return [f"\nchoice uncertain (no device measured it): {choice['chosen']} kept by least worst-case regret; "
+                    f"the fitted constants alone pick {choice['fitted_choice']}; it flips at "
+                    + ("; ".join(choice["flips"]) or "a combination of constants")]
+        return []
+    lines = [f"\nmeasured on {m['where']} (reference {m['reference']}); kept {m['chosen']}: {m['why']}"]
+    for c in m["candidates"]:
+        pred = f"predicted {c['predicted_ms']:.4f} ms, " if c.get("predicted_ms") is not None else ""
+        meas = (f"measured {c['ms']:.4f} ms (IQR {c['spread_ms']:.4f}, {c['runs']} runs)" if c.get("ms") is not None
+                else "not measured")
+        state = ", from the timing cache" if c.get("cached") else ""
+        note = f"; note: {c['note']}" if c.get("note") else ""
+        lines.append(f"  {c['name']:<18} {pred}{meas}{state}{note}")
+    timed = [k.timed for k in report.kernels if k.timed]
+    if timed:
+        lines.append(f"  kernels of the kept build: {timed.count('here')} measured here, {timed.count('elsewhere')} "
+                     f"measured elsewhere, {timed.count('predicted')} predicted only")
+    return lines
 
 
 def _schedule_lines(report: "Report") -> list[str]:
