@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +28,8 @@ from .build.executable import primfunc_calls
 from .codegen import database as db
 from .pipeline import results
 from .pipeline.options import AUTO, Options
-from .errors import TuningError
+from .errors import MeasureError, TuningError
+from .measure import device
 from .core.targets import describe, is_cuda
 
 
@@ -92,45 +91,21 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, params: list, le
 
 # -- measuring ----------------------------------------------------------------------------------
 def parse_tracker(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise TuningError(f"--rpc-tracker {text!r} is not HOST:PORT (e.g. 127.0.0.1:9190)")
-    return host, int(port)
+    try:
+        return device.parse_tracker(text)
+    except MeasureError as err:
+        raise TuningError(str(err)) from None
 
 
-TRACKER_TIMEOUT_S = 10.0
+TRACKER_TIMEOUT_S = device.TRACKER_TIMEOUT_S
 
 
 def check_tracker(host: str, port: int, key: str, timeout: float = TRACKER_TIMEOUT_S) -> int:
-    """Ask the tracker how many servers with ``key`` are free; raise a TuningError within ``timeout``
-    seconds when it cannot be reached, does not answer, or has none (TVM's own client retries
-    a refused connection for a minute, and a port that accepts but never answers would hang)."""
+    """``measure.device.check_tracker``, its failures as a TuningError."""
     try:
-        socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
-    except OSError as err:
-        raise TuningError(f"cannot reach the RPC tracker at {host}:{port}: {err}") from None
-    out: dict = {}
-
-    def ask():
-        try:
-            from tvm import rpc
-
-            out["queue"] = rpc.connect_tracker(host, port).summary().get("queue_info", {})
-        except Exception as err:  # noqa: BLE001 - reported below as the tracker's failure
-            out["error"] = err
-
-    worker = threading.Thread(target=ask, daemon=True)   # daemon: a silent peer cannot keep us
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise TuningError(f"{host}:{port} accepted a connection but did not answer as an RPC tracker "
-                          f"within {timeout:.0f} s")
-    if "error" in out:
-        raise TuningError(f"the RPC tracker at {host}:{port} failed: {out['error']}")
-    if key not in out["queue"]:     # {key: {"free": n, "pending": m}} for every key ever registered
-        known = ", ".join(sorted(out["queue"])) or "none"
-        raise TuningError(f"the RPC tracker at {host}:{port} has no server registered with key {key!r} (keys: {known})")
-    return int(out["queue"][key].get("free", 0))
+        return device.check_tracker(host, port, key, timeout)
+    except MeasureError as err:
+        raise TuningError(str(err)) from None
 
 
 def cuda_available() -> bool:

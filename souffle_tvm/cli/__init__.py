@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database", default=None, metavar="DIR",
                    help="--fusion souffle: apply the tuned schedules `souffle-tvm tune` wrote to DIR "
                         "(stages it does not hold keep the default rules; the report says which)")
+    p.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
+                   help="--fusion souffle --level auto: time the candidate builds (Souffle's, TVM's, the budget "
+                        "v3) on the device and keep the measured fastest that matches onnxruntime; the default "
+                        "measures where a GPU is reachable (a local one, or --rpc-tracker); --measure asks for "
+                        "it (on llvm: this CPU); --no-measure never measures. Times go to a timing cache per "
+                        "device in $SOUFFLE_TVM_CACHE/timing")
+    p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="measure on a device registered with this TVM RPC tracker (needs --rpc-key)")
+    p.add_argument("--rpc-key", default=None, metavar="KEY", help="the device key the RPC server registered with")
 
     p = sub.add_parser("run", help="run a model on the CPU (llvm) and optionally check it against onnxruntime")
     model_args(p)
@@ -206,7 +215,8 @@ def cmd_compile(args) -> int:
                              level=args.level, gemm_k_tile=args.gemm_k_tile, partitioner=args.partitioner,
                              reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
                              cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile, count_traffic=args.count_traffic,
-                             onchip=not args.off_chip)
+                             onchip=not args.off_chip, measure=args.measure, rpc_tracker=args.rpc_tracker,
+                             rpc_key=args.rpc_key)
     print(compiled.report.table())
     if compiled.report.counted:
         c = compiled.report.counted

@@ -11,6 +11,8 @@ its values): its time per launch.
 
 from __future__ import annotations
 
+import itertools
+import os
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -43,6 +45,18 @@ class Timing:
         return cls(statistics.median(xs), q[2] - q[0], len(xs))
 
 
+def _load(device: Device, module, stem: str):
+    """``module`` exported here and loaded on the device, under a name of its own: a loader keeps
+    a library by its path (dlopen), so two candidates must never share one."""
+    with tempfile.TemporaryDirectory(prefix="souffle-measure-") as tmp:
+        path = Path(tmp) / f"{stem}-{next(_names)}-{os.getpid()}.so"
+        module.export_library(str(path))
+        return device.load(path)
+
+
+_names = itertools.count()
+
+
 def _flatten(out) -> list[np.ndarray]:
     if hasattr(out, "numpy"):
         return [out.numpy()]
@@ -55,14 +69,12 @@ def inference(device: Device, executable: relax.Executable, args: list[np.ndarra
               repeat: int = REPEAT) -> tuple[list[np.ndarray], Timing]:
     """Run ``main`` once on the device (its outputs, for the numeric check), then time it:
     ``WARMUP`` runs dropped, ``repeat`` kept."""
-    with tempfile.TemporaryDirectory(prefix="souffle-measure-") as tmp:
-        path = Path(tmp) / "candidate.so"
-        executable.export_library(str(path))
-        mod = device.load(path)
+    mod = _load(device, executable.mod, "candidate")
     vm = relax.VirtualMachine(mod, device.dev)
     tensors = [tvm.runtime.tensor(a, device.dev) for a in args]
-    outputs = _flatten(vm["main"](*tensors))
     vm.set_input("main", *tensors)
+    vm.invoke_stateful("main")
+    outputs = _flatten(vm.get_outputs("main"))     # copied back one by one: a remote tuple is not iterable
     timer = vm.time_evaluator("invoke_stateful", device.dev, number=1, repeat=WARMUP + repeat, min_repeat_ms=0)
     return outputs, Timing.of(list(timer("main").results)[WARMUP:])
 
@@ -86,10 +98,7 @@ def kernels(device: Device, executable: relax.Executable, funcs: dict[str, tirx.
     libs = [m for m in executable.mod.imports if m.kind != "relax.VMExecutable"]
     if not libs or not funcs:
         return {}
-    with tempfile.TemporaryDirectory(prefix="souffle-measure-") as tmp:
-        path = Path(tmp) / "kernels.so"
-        libs[0].export_library(str(path))
-        lib = device.load(path)
+    lib = _load(device, libs[0], "kernels")
     out = {}
     for name, func in funcs.items():
         shapes = _static_args(func)

@@ -16,9 +16,10 @@ from ..build import ptxas
 from ..build.facts import check_coresidency
 from ..core import progress
 from ..core.targets import describe, is_cuda, make_target
-from ..cost import latency, shipped
+from ..cost import latency, prior, shipped
+from ..cost.timing_cache import TimingCache
 from ..cost.hardware import for_arch
-from ..errors import LoweringError
+from ..errors import LoweringError, OptionsError
 from ..frontend.importer import ImportedModel, import_onnx
 from ..measure import regret
 from ..measure.device import reach
@@ -82,85 +83,99 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
     options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile, onchip).check(tgt)
+    if (measure or rpc_tracker or rpc_key) and not (level == AUTO and fusion == "souffle"):
+        raise OptionsError("--measure and --rpc-tracker choose among the candidates of --fusion souffle --level auto "
+                           f"(given --fusion {fusion} --level {level})")
     device = reach(tgt, measure, rpc_tracker, rpc_key) if level == AUTO and fusion == "souffle" else None
-    auto, level = level == AUTO, options.level
-    if not isinstance(model, ImportedModel):
-        progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
-    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
-                                                                          bind=bind)
-    source = imported
-    t0 = time.perf_counter()
-    souffle, fallback = None, None
-    if fusion == "souffle":
-        progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
-                      + (", stitch" if level in STITCHING_LEVELS else ""))
-        try:
-            first = Feedback(estimated_grids=nvcc and ptxas.nvcc_path() is not None)
-            souffle = results.run(imported.mod, tgt, imported.params, options, first)
-        except LoweringError as err:
-            fallback = str(err)   # documented: the whole model then builds through TVM's path
-    with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
-        if souffle is not None and is_cuda(tgt):
-            built = settle(imported, souffle, tgt, nvcc)
-            souffle, result, facts, src, nvcc_seconds = (built.souffle, built.result, built.facts, built.source,
-                                                         built.nvcc_seconds)
-        else:
-            result, facts, src = build(imported, souffle, tgt, nvcc)
-            nvcc_seconds = facts.nvcc.get("seconds", 0.0)
-    graphs = None
-    if cuda_graph and is_cuda(tgt):
-        summary = cuda_graph_build.summary(result.executable, set(result.calls))
-        for k in facts.kernels:
-            k.launches_outside_graph = summary["outside_by_function"].get(k.primfunc, 0)
-        graphs = {k: v for k, v in summary.items() if k != "outside_by_function"}
-    if is_cuda(tgt) and facts.nvcc.get("available"):
-        check_coresidency(facts)   # never launch a grid that cannot be co-resident
-    if souffle is not None:
-        imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
-    result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
-    facts.seconds = result.seconds
-    report = assemble.render(facts)    # the report, once, from what was built
-    report.cuda_graph = graphs
-    report.nvcc["seconds"] = round(nvcc_seconds, 3)
-    report.fusion = fusion
-    if souffle is None:
-        assemble.add_forms(report, result.fused)
-    if fusion == "souffle":
-        report.fallback = fallback
+    with prior.using(_device_prior(device)):
+        auto, level = level == AUTO, options.level
+        if not isinstance(model, ImportedModel):
+            progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
+        imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
+                                                                              bind=bind)
+        source = imported
+        t0 = time.perf_counter()
+        souffle, fallback = None, None
+        if fusion == "souffle":
+            progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
+                          + (", stitch" if level in STITCHING_LEVELS else ""))
+            try:
+                first = Feedback(estimated_grids=nvcc and ptxas.nvcc_path() is not None)
+                souffle = results.run(imported.mod, tgt, imported.params, options, first)
+            except LoweringError as err:
+                fallback = str(err)   # documented: the whole model then builds through TVM's path
+        with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
+            if souffle is not None and is_cuda(tgt):
+                built = settle(imported, souffle, tgt, nvcc)
+                souffle, result, facts, src, nvcc_seconds = (built.souffle, built.result, built.facts, built.source,
+                                                             built.nvcc_seconds)
+            else:
+                result, facts, src = build(imported, souffle, tgt, nvcc)
+                nvcc_seconds = facts.nvcc.get("seconds", 0.0)
+        graphs = None
+        if cuda_graph and is_cuda(tgt):
+            summary = cuda_graph_build.summary(result.executable, set(result.calls))
+            for k in facts.kernels:
+                k.launches_outside_graph = summary["outside_by_function"].get(k.primfunc, 0)
+            graphs = {k: v for k, v in summary.items() if k != "outside_by_function"}
+        if is_cuda(tgt) and facts.nvcc.get("available"):
+            check_coresidency(facts)   # never launch a grid that cannot be co-resident
         if souffle is not None:
-            assemble.add_souffle_decisions(report, level, souffle.partition, souffle.program, souffle.subprograms,
-                                           souffle.stitched, souffle.schedule_notes, souffle.rule_failures)
-            assemble.add_reductions(report, souffle.two_phase)
-            assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
-            if database is not None:
-                report.database = database
-                assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
-    if count_traffic and is_cuda(tgt):
-        stitched = souffle.stitched if souffle is not None else []
-        counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
-                      imported.params, result.footprints, stitched)
-    predicted.add_latency(report, facts.cost_kernels())
-    compiled = Compiled(imported, tgt, result.executable, report, src, result.fused, dict(result.calls),
-                        facts.cost_kernels() if is_cuda(tgt) else [])
-    if auto and souffle is not None and (device is not None or (is_cuda(tgt) and report.latency)):
-        progress.step("TVM's own build, to compare" + (" on the device" if device else " predicted times"))
-        try:
-            theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph or is_cuda(tgt) and device is not None,
-                             count_traffic=count_traffic)
-        except Exception as err:  # noqa: BLE001 - only a comparison: TVM's failure must not fail ours
-            # (TVM 0.27's dlight schedules of grouped convolutions fail its own lowering; issue 33)
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            compiled.report.latency = (compiled.report.latency or {}) | {"tvm_build_failed":
-                                                                         f"{type(err).__name__}: {first[:200]}"}
-            theirs = None
-        if device is not None:
-            budget = compile(source, tgt, "souffle", nvcc=nvcc, level="v3", cuda_graph=cuda_graph, measure=False)
-            builds = [("souffle", compiled)] + ([("tvm", theirs)] if theirs is not None else [])
-            compiled = measuring.choose(device, builds + [("souffle v3 budget", budget)])
-        elif theirs is not None:
-            compiled = _faster_of(compiled, theirs)
-    progress.clear()     # the caller prints next: no half line of progress in front of it
-    return compiled
+            imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
+        result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
+        facts.seconds = result.seconds
+        report = assemble.render(facts)    # the report, once, from what was built
+        report.cuda_graph = graphs
+        report.nvcc["seconds"] = round(nvcc_seconds, 3)
+        report.fusion = fusion
+        if souffle is None:
+            assemble.add_forms(report, result.fused)
+        if fusion == "souffle":
+            report.fallback = fallback
+            if souffle is not None:
+                assemble.add_souffle_decisions(report, level, souffle.partition, souffle.program, souffle.subprograms,
+                                               souffle.stitched, souffle.schedule_notes, souffle.rule_failures)
+                assemble.add_reductions(report, souffle.two_phase)
+                assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
+                if database is not None:
+                    report.database = database
+                    assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
+        if count_traffic and is_cuda(tgt):
+            stitched = souffle.stitched if souffle is not None else []
+            counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
+                          imported.params, result.footprints, stitched)
+        predicted.add_latency(report, facts.cost_kernels(), prior.current().constants)
+        compiled = Compiled(imported, tgt, result.executable, report, src, result.fused, dict(result.calls),
+                            facts.cost_kernels() if is_cuda(tgt) else [])
+        if auto and souffle is not None and (device is not None or (is_cuda(tgt) and report.latency)):
+            progress.step("TVM's own build, to compare" + (" on the device" if device else " predicted times"))
+            try:
+                theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph or is_cuda(tgt) and device is not None,
+                                 count_traffic=count_traffic)
+            except Exception as err:  # noqa: BLE001 - only a comparison: TVM's failure must not fail ours
+                # (TVM 0.27's dlight schedules of grouped convolutions fail its own lowering; issue 33)
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                compiled.report.latency = (compiled.report.latency or {}) | {"tvm_build_failed":
+                                                                             f"{type(err).__name__}: {first[:200]}"}
+                theirs = None
+            if device is not None:
+                budget = compile(source, tgt, "souffle", nvcc=nvcc, level="v3", cuda_graph=cuda_graph, measure=False)
+                builds = [("souffle", compiled)] + ([("tvm", theirs)] if theirs is not None else [])
+                compiled = measuring.choose(device, builds + [("souffle v3 budget", budget)])
+            elif theirs is not None:
+                compiled = _faster_of(compiled, theirs)
+        progress.clear()     # the caller prints next: no half line of progress in front of it
+        return compiled
+
+
+def _device_prior(device) -> prior.Prior | None:
+    """The device's own constants (``souffle-tvm fit``) and kernel times, from its timing cache."""
+    if device is None:
+        return None
+    cache = TimingCache.for_device(device.info)
+    fitted = cache.fitted()
+    return prior.Prior(fitted or latency.FITTED, cache.measured_times(),
+                       f"fitted on {device.info['name']}" if fitted else "fitted")
 
 
 def _faster_of(souffle: Compiled, tvm_build: Compiled) -> Compiled:
@@ -177,7 +192,7 @@ def _faster_of(souffle: Compiled, tvm_build: Compiled) -> Compiled:
         kernels = {"souffle": souffle.cost_kernels, "tvm": tvm_build.cost_kernels}
         choice = regret.choose(lambda c: {n: latency.predict(gpu, c, ks, graphs=True).seconds
                                           for n, ks in kernels.items()},
-                               latency.FITTED, shipped.leave_one_model_out())
+                               prior.current().constants, shipped.leave_one_model_out())
         souffle.report.latency["choice"] = choice.as_dict()
     # TVM's build with kernels the model cannot price is no comparison: ours is kept
     if choice.name == "souffle" if choice is not None else tvm_build.report.launches > 0:

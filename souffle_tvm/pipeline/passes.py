@@ -35,8 +35,7 @@ from tvm import relax
 
 from ..build import cooperative
 from ..codegen import emit
-from ..cost import hardware, latency
-from ..cost.measured import MeasuredTimes
+from ..cost import hardware, prior
 from ..core.root_block import ensure_root_blocks
 from ..core.targets import is_cuda
 from ..core.geometry import STITCH_BLOCK
@@ -279,7 +278,7 @@ class StitchSubprograms:
         if self.partitioner == "blocks":
             subs = subprograms.by_normalization(groups, readers_of(prog), facts.unstitchable)
         elif self.partitioner == "time":
-            timer = window_prices.Timer(facts, gpu, latency.FITTED, measured=MeasuredTimes.load())
+            timer = window_prices.Timer(facts, gpu, prior.current().constants, measured=prior.current().measured)
             alone = fused_or_alone.schedules_alone(clean, info["unscheduled"], groups, target, timer)
             # every window priced at each block size too: the size can draw the boundaries
             at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target, timer, asked=info.get("at_sizes"),
@@ -304,7 +303,7 @@ class StitchSubprograms:
             # each stitched subprogram runs at the block size predicted fastest
             if self.partitioner == "budget":
                 at = at_block_sizes.at_sizes(clean, info["unscheduled"], groups, target,
-                                             window_prices.Timer(facts, gpu, latency.FITTED),
+                                             window_prices.Timer(facts, gpu, prior.current().constants),
                                              {i for idx, _ in subs if len(idx) > 1 for i in idx}, info.get("at_sizes"),
                                              gemm_k_tile=_gemm_k_tile(info))
             producers = window_prices.producers_of(groups, readers_of(prog))
