@@ -18,7 +18,7 @@ import time
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from souffle_tvm import zoo
 from souffle_tvm.cost.timing_cache import TimingCache, device_id

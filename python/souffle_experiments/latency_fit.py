@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-from scipy.optimize import least_squares
 
 from souffle_tvm.cost import hardware, latency, shipped
+from souffle_tvm.cost.fit import fit, predict_kernel_us, predict_ms  # noqa: F401 - used here and by the experiments
 
 from .paths import DATA, ROOT  # noqa: E402
 
@@ -115,45 +113,8 @@ def load_kernel_points(db_path: Path | None = None, root: Path = DATA) -> tuple[
     return points, skipped
 
 
-def predict_kernel_us(gpu, consts: latency.Constants, point: dict) -> float:
-    return latency.kernel_time(gpu, consts, point["kernel"]).seconds * 1e6
-
-
 def plan_commit(fusion, commit, cid, plans) -> str:
     return TVM_PLANS if fusion == "tvm" and cid in plans[TVM_PLANS] else commit
-
-
-def predict_ms(gpu, consts: latency.Constants, point: dict) -> float:
-    return latency.predict(gpu, consts, point["kernels"], point["graphs"]).seconds * 1e3
-
-
-def _consts(x) -> latency.Constants:
-    return latency.Constants(**{n: float(math.exp(v)) for n, v in zip(latency.NAMES, x)})
-
-
-def fit(gpu, points: list[dict], start: latency.Constants = latency.Constants(),
-        kernel_points: list[dict] = (), starts: int = 3) -> latency.Constants:
-    """The constants minimising the squared log errors of the measured totals (``points``) and
-    of the measured kernels (``kernel_points``), each set weighing the same, each constant
-    inside its range."""
-    lo = [math.log(latency.RANGES[n][0]) for n in latency.NAMES]
-    hi = [math.log(latency.RANGES[n][1]) for n in latency.NAMES]
-    x0 = np.clip([math.log(getattr(start, n)) for n in latency.NAMES], lo, hi)
-    weight = math.sqrt(len(points) / len(kernel_points)) if points and kernel_points else 1.0
-
-    def residuals(x):
-        c = _consts(x)
-        return ([math.log(predict_ms(gpu, c, p) / p["measured_ms"]) for p in points]
-                + [weight * math.log(predict_kernel_us(gpu, c, p) / p["measured_us"]) for p in kernel_points])
-
-    best = None
-    # a few starts: the max() terms make the surface piecewise, and one start can stall on a kink
-    for scale in (1.0, 0.5, 2.0)[:starts]:
-        x = np.clip(np.asarray(x0) + math.log(scale), lo, hi)
-        r = least_squares(residuals, x, bounds=(lo, hi), diff_step=1e-3)
-        if best is None or r.cost < best.cost:
-            best = r
-    return _consts(best.x)
 
 
 def error(pred: float, meas: float) -> float:

@@ -18,6 +18,7 @@ from ..errors import DynamicShapeError, MiscompileError, SouffleError, SouffleWa
 from ..frontend.binding import parse_bind
 from .options import (EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser, input_args, model_args, parse_shapes, positive,
                       whole, writable)
+from . import fit
 from .run import cmd_run
 
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=whole(0), default=40, help="stages to print (all are in the JSON)")
 
     _tune_parser(sub)
+    fit.add_parser(sub)
 
     p = sub.add_parser("zoo", help="the paper's six models, built locally with random weights")
     zsub = p.add_subparsers(dest="zoo_command", required=True)

@@ -48,16 +48,33 @@ class TimingCache:
         """The cache of ``device`` (empty if none was written yet, or if the file is unusable:
         then a one-line note says it is started again)."""
         path = (root or cache_root()) / SUBDIR / f"{device_id(device)}.json"
-        if not path.exists():
-            return cls(path, device)
+        return cls.load(path, device) if path.exists() else cls(path, device)
+
+    @classmethod
+    def load(cls, path: Path, device: dict | None = None) -> "TimingCache":
+        """The cache in ``path`` (its device as the file names it, else ``device``)."""
         try:
             data = json.loads(path.read_text())
             if data.get("version") != VERSION:
                 raise ValueError(f"version {data.get('version')}, not {VERSION}")
-            return cls(path, device, dict(data["kernels"]), dict(data["candidates"]), data.get("constants"))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            return cls(path, data.get("device") or device or {}, dict(data["kernels"]), dict(data["candidates"]),
+                       data.get("constants"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            if device is None:
+                raise ValueError(f"{path} is not a timing cache: {str(err)[:120]}") from None
             note_recomputed(path, str(err)[:120], "timing on this device again")
             return cls(path, device)
+
+    @classmethod
+    def all(cls, root: Path | None = None) -> list["TimingCache"]:
+        """Every readable cache under ``root`` (default the project's cache folder)."""
+        out = []
+        for path in sorted(((root or cache_root()) / SUBDIR).glob("*.json")):
+            try:
+                out.append(cls.load(path))
+            except ValueError:
+                continue
+        return out
 
     def save(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,9 +83,11 @@ class TimingCache:
                                            indent=1, sort_keys=True))
         return self.path
 
-    def add_kernel(self, key: str, us: float, spread_us: float, runs: int) -> None:
+    def add_kernel(self, key: str, us: float, spread_us: float, runs: int, inputs: dict | None = None) -> None:
+        """One kernel's time; ``inputs``: its row as the latency model prices it (GPU kernels), which
+        ``souffle-tvm fit`` refits on."""
         self.kernels[key] = {"us": round(us, 4), "spread_us": round(spread_us, 4), "runs": runs,
-                             "date": time.strftime("%Y-%m-%d")}
+                             "date": time.strftime("%Y-%m-%d")} | ({"inputs": inputs} if inputs else {})
 
     def measured_times(self, shipped: MeasuredTimes | None = None) -> MeasuredTimes:
         """The shipped times with this device's own over them (this device's are the judge)."""

@@ -109,6 +109,12 @@ def local_gpu():
         return None
 
 
+def local_gpu_info() -> dict | None:
+    """The local GPU's identity (what its timing cache is keyed by), or None."""
+    dev = local_gpu()
+    return None if dev is None else _info(dev, "cuda")
+
+
 def reach(target: tvm.target.Target, measure: bool | None = None, rpc_tracker: str | None = None,
           rpc_key: str | None = None) -> Device | None:
     """The device to measure ``target``'s builds on, or None: ``measure`` False never measures;

@@ -41,6 +41,11 @@ class Candidate:
     launch: dict[str, tuple[int, int]] = field(default_factory=dict)   # kernel -> (grid, block), CUDA
     predicted_ms: float | None = None
     arch: str = "llvm"
+    rows: list[dict] = field(default_factory=list)     # GPU: each kernel's inputs to the latency model
+    graphs: bool = False                               # GPU: launched from CUDA graphs
+
+    def row_of(self, name: str) -> dict | None:
+        return next((r for r in self.rows if r.get("primfunc") == name), None)
 
     def functions(self) -> dict[str, tirx.PrimFunc]:
         if self.fused is None:
@@ -111,6 +116,8 @@ def measure(device: Device, candidates: list[Candidate], inputs: list[np.ndarray
             trial = _run(device, cand, inputs + list(cand.params), reference, tolerance)
             cache.candidates[key] = {"name": cand.name} | {k: v for k, v in trial.row().items()
                                                            if k not in ("name", "cached", "predicted_ms")}
+            if cand.rows:       # what ``souffle-tvm fit`` prices this total from
+                cache.candidates[key] |= {"kernels": cand.rows, "graphs": cand.graphs}
         seen.setdefault(key, cand.name)
         dirty = known is None
         if trial.ms is not None:
@@ -119,7 +126,7 @@ def measure(device: Device, candidates: list[Candidate], inputs: list[np.ndarray
                 dirty = True
                 try:
                     for name, t in timing.kernels(device, cand.executable, todo).items():
-                        cache.add_kernel(keys[name], t.seconds * 1e6, t.spread * 1e6, t.runs)
+                        cache.add_kernel(keys[name], t.seconds * 1e6, t.spread * 1e6, t.runs, cand.row_of(name))
                 except Exception as err:  # noqa: BLE001 - per-kernel times are extra: the trial stands
                     trial.note = f"per-kernel times not measured: {_one_line(err)}"
             trial.kernels = {n: {"key": keys[n], **cache.kernels[keys[n]]} for n in funcs if keys[n] in cache.kernels}

@@ -5,9 +5,11 @@ kernel whether its time was measured here, measured elsewhere or only predicted.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 
+from ..cost import latency
 from ..cost.measured import MeasuredTimes
 from ..cost.timing_cache import TimingCache
 from ..errors import SouffleError
@@ -23,8 +25,11 @@ def candidate(name: str, compiled) -> measure_trials.Candidate:
     report = compiled.report
     launch = {k.primfunc: (math.prod(k.grid), math.prod(k.block)) for k in report.kernels if k.grid and k.block}
     predicted = (report.latency or {}).get("graph_ms")
+    rows = ([latency.row_inputs(asdict(k)) | {"primfunc": k.primfunc} for k in report.kernels]
+            if report.target == "cuda" else [])
     return measure_trials.Candidate(name, compiled.executable, list(compiled.model.params), compiled.fused,
-                                    dict(compiled.calls), launch, predicted, report.arch or "llvm")
+                                    dict(compiled.calls), launch, predicted, report.arch or "llvm", rows,
+                                    bool(report.cuda_graph))
 
 
 def reference(compiled, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray] | None, str]:
