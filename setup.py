@@ -9,6 +9,8 @@ setup(
     # python/, one entry point `python -m souffle_experiments`; they run from this checkout
     packages=find_packages(include=["souffle_tvm", "souffle_tvm.*"]) + ["souffle_experiments"],
     package_dir={"souffle_experiments": "python/souffle_experiments"},
+    # the latency model's shipped data (cost/shipped.py): an installed wheel reads nothing in the repo
+    package_data={"souffle_tvm.cost": ["data/*.json"]},
     python_requires=">=3.11,<3.12",
     install_requires=[
         "apache-tvm==0.27.0.post1",
