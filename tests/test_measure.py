@@ -212,3 +212,20 @@ def test_measure_through_a_real_rpc_tracker(cache, tmp_path):
     assert all(c["matched"] is True for c in m["candidates"])
     _kept_is_justified(m)
     assert all(k.timed == "here" for k in compiled.report.kernels)
+
+
+def test_the_html_page_shows_what_was_measured(cache, tmp_path):
+    from souffle_tvm.report import html, measured_html
+
+    compiled = compile_model("mmoe", "llvm", "souffle", small=True, measure=True)
+    page = html.render(compiled.report)
+    m = compiled.report.measured
+    assert f"Measured on {m['where']}" in page
+    for c in m["candidates"]:
+        assert f"<td class=n>{c['ms']:.4f}</td>" in page
+    assert "aria-label='measured time per candidate'" in page      # on a CPU nothing is predicted: bars
+    # with predictions beside the measurements (a GPU), the plot is predicted against measured
+    for k in compiled.report.kernels:
+        k.predicted_us = 2 * k.measured_us
+    assert "aria-label='predicted against measured time'" in measured_html.plot(compiled.report)
+    assert measured_html.plot(compiled.report).count("<circle") == len(compiled.report.kernels)

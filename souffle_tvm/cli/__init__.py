@@ -224,7 +224,8 @@ def cmd_compile(args) -> int:
         c = compiled.report.counted
         print(f"\ncounted in the emulator: {c['bytes'] / 1e6:.3f} MB distinct, {c['sector_bytes'] / 1e6:.3f} MB in "
               f"sectors; analytic bytes held: {c['analytic_held']}")
-    print(f"\ntotal {time.perf_counter() - t:.1f} s (import, build, nvcc)")
+    print("\n" + _timed_line(compiled.report))
+    print(f"total {time.perf_counter() - t:.1f} s (import, build, nvcc)")
     if args.report:
         compiled.report.save(args.report)
         print(f"report: {args.report}")
@@ -236,6 +237,18 @@ def cmd_compile(args) -> int:
                                f"{str(err).strip().splitlines()[-1][:200]}") from None
         print(f"library: {args.output} (+ {args.output}.params.npz)")
     return EXIT_OK
+
+
+def _timed_line(report) -> str:
+    """One line: what this compile measured on a device, or that its times are only predicted."""
+    m = report.measured
+    if m:
+        kept = next(c for c in m["candidates"] if c["name"] == m["chosen"])
+        return f"measured on {m['where']}: kept {m['chosen']}, {kept['ms']:.4f} ms an inference (median)"
+    if report.latency:
+        return (f"not measured: {report.latency['graph_ms']:.3f} ms is the latency model's prediction (no GPU was "
+                "reached; --measure or --rpc-tracker HOST:PORT --rpc-key KEY times the candidates)")
+    return "not measured (on llvm, --fusion souffle --measure times the candidates on this CPU)"
 
 
 def _show_warning(show):

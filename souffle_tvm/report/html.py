@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
+from . import measured_html
 from .schema import Report, dims, si
 
 MAX_GRAPH_NODES = 400   # beyond this the picture is unreadable anyway; the tables list every group
@@ -44,7 +45,7 @@ def render(report: Report, title: str | None = None) -> str:
     sub_of = _subprogram_of(report)
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{escape(title or 'souffle-tvm report: ' + report.model)}</title><style>{CSS}</style></head><body><main>",
-             _header(report), _group_section(report, sub_of), _kernel_section(report),
+             _header(report), measured_html.section(report), _group_section(report, sub_of), _kernel_section(report),
              _boundary_section(report, sub_of), "</main></body></html>"]
     return "\n".join(parts)
 
