@@ -1,6 +1,7 @@
 """The time-driven partitioner (``partition.by_time``): boundaries where the latency model says
 separate kernels are faster, stitching where syncs beat graph nodes."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -120,11 +121,14 @@ def test_the_default_keeps_the_build_predicted_faster():
     assert auto.report.latency["graph_ms"] <= auto.report.latency["tvm_graph_ms"]
     ours = driver.compile("mmoe", "cuda", "souffle", small=True, level="v3", partitioner="time")
     theirs = driver.compile("mmoe", "cuda", "tvm", small=True)
+    # planted: Souffle's kernels launched 50 times over, slower under every constant set
+    ours.cost_kernels = [dataclasses.replace(k, launches=k.launches * 50) for k in ours.cost_kernels]
     ours.report.latency["graph_ms"] = theirs.report.latency["graph_ms"] * 2
     chosen = driver._faster_of(ours, theirs)
     assert chosen is theirs and chosen.report.fusion == "souffle"
     assert chosen.report.fallback.startswith("the latency model predicts TVM's own kernels faster")
     assert chosen.report.latency["souffle_graph_ms"] == ours.report.latency["graph_ms"]
+    assert chosen.report.latency["choice"]["chosen"] == "tvm" and not chosen.report.latency["choice"]["uncertain"]
 
 
 def test_a_measured_time_moves_a_boundary(tmp_path):
