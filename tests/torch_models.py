@@ -286,6 +286,36 @@ class Yolo(nn.Module):
         return self.head1(f3), self.head2(torch.cat([up, f2], 1))
 
 
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a 7x7 depthwise convolution, LayerNorm over channels (channels last),
+    an inverted MLP with GELU, a per-channel layer scale, the residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pw1, self.pw2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.pw2(F.gelu(self.pw1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """A ConvNeXt-style network: a 4x4 patchify stem, two blocks, pooled, normalised, classified."""
+
+    def __init__(self, classes=10, dim=32):
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 4, stride=4)
+        self.blocks = nn.Sequential(ConvNeXtBlock(dim), ConvNeXtBlock(dim))
+        self.norm, self.head = nn.LayerNorm(dim, eps=1e-6), nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.norm(self.blocks(self.stem(x)).mean((2, 3))))
+
+
 class LSTMClassifier(nn.Module):
     def __init__(self, features=8, hidden=16, classes=4):
         super().__init__()
@@ -343,6 +373,7 @@ SPECS = {
     "resnext": Spec(ResNeXt, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "efficientnet": Spec(EfficientNet, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "swin": Spec(Swin, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
+    "convnext": Spec(ConvNeXt, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "vit": Spec(ViT, {"x": ((BATCH, 3, 32, 32), "float32")}, ("logits",)),
     "vit224": Spec(ViT224, {"x": ((BATCH, 3, 224, 224), "float32")}, ("logits",)),
     "yolo": Spec(Yolo, {"x": ((BATCH, 3, 416, 416), "float32")}, ("boxes13", "boxes26")),

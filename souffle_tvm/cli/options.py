@@ -53,8 +53,11 @@ def input_args(p: argparse.ArgumentParser) -> None:
     """Which model, at which size, precision and input shapes (every command that imports one)."""
     p.add_argument("model", help="an ONNX file, or a zoo model name (see `souffle-tvm zoo list`)")
     p.add_argument("--small", action="store_true", help="zoo models: the small variant (same structure)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
-                   help="zoo models: precision of weights and activations (bert and swin also in float16)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="what the model computes in: a float32 model (an ONNX file, or a zoo model not built in "
+                        "that type) is converted, its weights stored in the type, its inputs and outputs kept "
+                        "float32, softmax, norms and reductions computed in float32 (bert and swin are also "
+                        "built natively in float16)")
     p.add_argument("--input-shapes", default=None, metavar="NAME:1x128,...",
                    help="fix the shapes of dynamic model inputs")
     p.add_argument("--bind", action="append", default=None, metavar="NAME=VALUE",

@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn
+from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn, precision
 from .onnx_graph import NP_DTYPES, check_structure
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnknownInputError, UnsupportedOperatorError
 
@@ -50,6 +50,7 @@ class ImportedModel:
     outputs: list[str]
     onnx_model: onnx.ModelProto = field(repr=False)
     names: dict[str, str] = field(default_factory=dict)
+    precision: str = "float32"      # what its floats compute in (``--dtype``); ``onnx_model`` is the reference
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
@@ -61,8 +62,10 @@ def load_model(source: str | os.PathLike | onnx.ModelProto, small: bool = False,
         return source.graph.name or "model", source
     path = os.fspath(source)
     if not os.path.isfile(path) and path in zoo.MODELS:
-        name = path + ("-small" if small else "") + ("-fp16" if dtype == "float16" else "")
-        return name, zoo.build(path, small=small, dtype=dtype)
+        name = path + ("-small" if small else "") + {"float16": "-fp16", "bfloat16": "-bf16"}.get(dtype, "")
+        # a zoo model not built in ``dtype`` is built in float32 and converted (``precision``)
+        native = dtype if dtype in zoo.MODELS[path].dtypes or dtype not in precision.DTYPES else "float32"
+        return name, zoo.build(path, small=small, dtype=native)
     if not os.path.exists(path):
         raise ModelLoadError(f"{path}: no such file, and not a zoo model ({', '.join(zoo.names())})")
     if os.path.isdir(path):
@@ -346,6 +349,8 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
     elif fold:  # nothing to fold, but data-dependent shapes still get a clear error, not TVM's
         onnx_control.check_control_flow(model)
         onnx_fold.check_static(model)
+    if precision.needs_conversion(converted, dtype):
+        converted = precision.convert(converted, dtype)     # folded in float32 first: onnxruntime folds it
     check_operators(converted)
     onnx_forms.check_forms(converted)
     converted, _ = onnx_bn.fold_batch_norms(converted)
@@ -380,4 +385,4 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
             "shapes (--input-shapes) or export without data-dependent shapes") from None
     mod, renamed = c_names.rename_params(mod)
     outputs = [o.name for o in model.graph.output]
-    return ImportedModel(name, mod, weights, inputs, outputs, model, renamed)
+    return ImportedModel(name, mod, weights, inputs, outputs, model, renamed, precision.compute_dtype(converted))
