@@ -66,6 +66,15 @@ def test_the_sensitive_operators_stay_in_float32():
     assert not any(t.data_type == onnx.TensorProto.FLOAT for t in low.graph.initializer)
 
 
+def test_run_check_holds_a_converted_model_to_its_precisions_bound(tmp_path):
+    path = tm.export("convnext", "legacy")
+    out = subprocess.run([sys.executable, "-m", "souffle_tvm.cli", "run", path, "--fusion", "souffle", "--dtype",
+                          "bfloat16", "--input-shapes", "x:2x3x32x32", "--check"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert " ok" in out.stdout and "vs onnxruntime" in out.stdout
+
+
 def test_a_dtype_that_cannot_apply_is_refused():
     with pytest.raises(OptionsError, match="one of float32, float16, bfloat16"):
         precision.convert(onnx.load(tm.export("convnext", "legacy")), "float64")

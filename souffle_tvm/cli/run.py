@@ -49,7 +49,7 @@ def cmd_run(args) -> int:
         executable, params, inputs, output_names = load_library(args.model)
         if feeds is not None:
             runner.check_given({i.name: i.dtype for i in inputs}, feeds, given)
-        model = None
+        model, model_precision = None, None
     else:
         from ..frontend.binding import bind_inputs
         from ..frontend.importer import graph_inputs, input_types, load_model, shapes_from_arrays
@@ -70,6 +70,7 @@ def cmd_run(args) -> int:
                                  shapes=shapes, level=args.level, bind=parse_bind(args.bind))
         executable, params = compiled.executable, compiled.model.params
         inputs, output_names, model = compiled.model.inputs, compiled.model.outputs, compiled.model.onnx_model
+        model_precision = compiled.model.precision
     feeds = feeds if feeds is not None else runner.random_inputs(inputs, args.seed)
     ordered = runner.check_feeds(inputs, feeds)
     t = time.perf_counter()
@@ -89,7 +90,8 @@ def cmd_run(args) -> int:
         ref_name, ref = runner.checked_reference(model, {i.name: a for i, a in zip(inputs, ordered)})
     except SouffleError as err:
         raise SouffleError(f"--check: {err}; the outputs above are unchecked (run without --check)") from None
-    tol = args.tolerance or runner.default_tolerance(inputs[0].dtype if inputs else "float32")
+    computes_in = model_precision or (inputs[0].dtype if inputs else "float32")
+    tol = args.tolerance or runner.default_tolerance(computes_in)
     ok = True
     for c in runner.compare(output_names, outs, ref):
         status = "ok" if c.ok(tol) else "MISMATCH"

@@ -52,7 +52,7 @@ def choose(device: Device, builds: list[tuple[str, object]]) -> object:
     args, ref, ref_name = reference(first)
     cache = TimingCache.for_device(device.info)
     cands = [candidate(n, c) for n, c in builds]
-    tolerance = default_tolerance(first.model.inputs[0].dtype if first.model.inputs else "float32")
+    tolerance = default_tolerance(first.model.precision)
     if ref is None:     # the baseline's outputs on the device are the reference
         base = next((c for c in cands if c.name == BASELINE), cands[0])
         try:

@@ -68,4 +68,5 @@ def compare(names: list[str], got: list[np.ndarray], want: list[np.ndarray]) -> 
 
 
 def default_tolerance(dtype: str) -> float:
-    return 1e-2 if dtype == "float16" else 1e-5
+    """Relative L2 bound against a reference for a model computing in ``dtype``."""
+    return {"float16": 1e-2, "bfloat16": 5e-2}.get(dtype, 1e-5)
