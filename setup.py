@@ -39,7 +39,10 @@ setup(
                  "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2",
                  # The exporter matrix (tests/torch_models.py): PyTorch's legacy and dynamo ONNX
                  # exporters; the CPU wheel of torch, never a core dependency.
-                 "torch==2.13.0", "onnxscript==0.7.2"],
+                 "torch==2.13.0", "onnxscript==0.7.2",
+                 # The architecture net (tests/hf_models.py): today's models from small configs with
+                 # random weights, nothing downloaded
+                 "transformers==4.57.1"],
         "bench": ["onnxruntime==1.32.0", "matplotlib==3.11.2"],
         # Mutation testing of the barrier proof and the race checker (results/mutation-2026-12-03/)
         "dev": ["mutmut==2.5.1"],
