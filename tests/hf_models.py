@@ -42,7 +42,7 @@ class LastHidden(nn.Module):
 
 class SpeechGRU(nn.Module):
     """A speech encoder: a strided convolution over filterbank features, a two-layer bidirectional
-    GRU over the 50 frames it leaves, a per-frame classifier."""
+    GRU over the 16 frames it leaves, a per-frame classifier."""
 
     def __init__(self):
         super().__init__()
@@ -153,7 +153,7 @@ ARCHS = {
     "mobilenetv2": Arch(_mobilenetv2, "pixel_values", (1, 3, 32, 32), "float32"),
     "regnety": Arch(_regnety, "pixel_values", (1, 3, 32, 32), "float32"),
     "deit": Arch(_deit, "pixel_values", (1, 3, 32, 32), "float32"),
-    "speech_gru": Arch(SpeechGRU, "features", (1, 40, 100), "float32"),    # bidirectional GRU, 50 frames
+    "speech_gru": Arch(SpeechGRU, "features", (1, 40, 32), "float32"),     # bidirectional GRU, 16 frames
     "lstm_lm": Arch(LSTMLanguageModel, "input_ids", (1, SEQ), "int64"),
     "moe": Arch(MoENet, "input_ids", (1, SEQ), "int64"),
 }

@@ -28,10 +28,12 @@ def test_matches_onnxruntime_on_llvm(name):
 
 # In the default suite: the default level in float32 for one architecture of each family (a CUDA
 # build takes about 17 s here and the suite must stay under 20 minutes on two cores), v3 in
-# float16 for every one (tests/test_architectures_v3.py); the rest in `make test-all`.
+# float16 for all but the two slowest CNNs (tests/test_architectures_v3.py); the rest in
+# `make test-all`.
 # An architecture named here leaves its default-level build to `make test-all`: the one beside it
 # covers its family in the default suite.
-SAME_FAMILY = {"gpt2": "llama", "regnety": "convnext", "mobilenetv2": "convnext", "deit": "t5"}
+SAME_FAMILY = {"gpt2": "llama", "regnety": "convnext", "mobilenetv2": "convnext", "deit": "t5",
+               "lstm_lm": "speech_gru"}
 SLOW = pytest.mark.slow
 
 

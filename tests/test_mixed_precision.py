@@ -42,8 +42,9 @@ def test_an_exported_model_in_low_precision_matches_its_float32_reference(name, 
     assert all(o.dtype == np.float32 for o in outs)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["bert", "convnext"])
+@pytest.mark.parametrize("name,dtype", [("bert", "float16"), ("convnext", "bfloat16"),
+                                        pytest.param("bert", "bfloat16", marks=pytest.mark.slow),
+                                        pytest.param("convnext", "float16", marks=pytest.mark.slow)])
 def test_it_builds_for_cuda_with_two_byte_elements(name, dtype):
     path = tm.export(name, "legacy")
     report = compile_model(path, "cuda", "souffle", dtype=dtype, shapes=tm.input_shapes(name)).report

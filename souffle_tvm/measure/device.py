@@ -15,7 +15,7 @@ from ..core.targets import is_cuda
 from ..errors import MeasureError
 
 TRACKER_TIMEOUT_S = 10.0
-SESSION_TIMEOUT_S = 600
+SESSION_TIMEOUT_S = 3600     # held from the start of a compile to its last candidate: long builds included
 
 
 @dataclass

@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from ..runtime.runner import flatten
 from .device import Device
 
 WARMUP = 3
@@ -57,14 +58,6 @@ def _load(device: Device, module, stem: str):
 _names = itertools.count()
 
 
-def _flatten(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    if isinstance(out, tvm.runtime.ShapeTuple):
-        return [np.array(list(out), dtype=np.int64)]
-    return [a for item in out for a in _flatten(item)]
-
-
 def inference(device: Device, executable: relax.Executable, args: list[np.ndarray],
               repeat: int = REPEAT) -> tuple[list[np.ndarray], Timing]:
     """Run ``main`` once on the device (its outputs, for the numeric check), then time it:
@@ -74,7 +67,7 @@ def inference(device: Device, executable: relax.Executable, args: list[np.ndarra
     tensors = [tvm.runtime.tensor(a, device.dev) for a in args]
     vm.set_input("main", *tensors)
     vm.invoke_stateful("main")
-    outputs = _flatten(vm.get_outputs("main"))     # copied back one by one: a remote tuple is not iterable
+    outputs = flatten(vm.get_outputs("main"))     # copied back one by one: a remote tuple is not iterable
     timer = vm.time_evaluator("invoke_stateful", device.dev, number=1, repeat=WARMUP + repeat, min_repeat_ms=0)
     return outputs, Timing.of(list(timer("main").results)[WARMUP:])
 

@@ -109,7 +109,7 @@ def run_vm(executable, params: list[np.ndarray], inputs: list[np.ndarray], devic
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs] + [tvm.runtime.tensor(p, dev) for p in params]
     out = vm["main"](*args)
-    return _flatten(out)
+    return flatten(out)
 
 
 def cuda_device():
@@ -136,12 +136,13 @@ def median_ms(executable, params: list[np.ndarray], inputs: list[np.ndarray], ru
     return float(np.median(timer("main").results)) * 1e3
 
 
-def _flatten(out) -> list[np.ndarray]:
+def flatten(out) -> list[np.ndarray]:
+    """A VM result (a tensor, a shape, or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
         return [out.numpy()]
     if isinstance(out, tvm.runtime.ShapeTuple):
         # a static shape the model returns (ONNX ``Shape`` of an input): an int64 tensor
         return [np.array(list(out), dtype=np.int64)]
-    return [a for item in out for a in _flatten(item)]
+    return [a for item in out for a in flatten(item)]
 
 
