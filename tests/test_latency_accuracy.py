@@ -43,11 +43,13 @@ def test_the_sector_term_carries_the_order_bound(points):
     assert without["signs_right"] < latency_fit.SIGNS_BOUND <= with_term["signs_right"], (without, with_term)
 
 
-@pytest.mark.parametrize("name,factor", [("warp_gbps", 0.5), ("warp_gbps", 2.0), ("latency_us", 4.0)])
+@pytest.mark.parametrize("name,factor", [("warp_gbps", 0.5), ("warp_gbps", 2.0), ("latency_us", 3.0),
+                                         ("latency_us", 4.0)])
 def test_perturbed_constants_break_the_bounds(points, name, factor):
     """The bounds the fit meets are not vacuous: a fitted constant moved by a plausible factor
-    fails them (warp_gbps halved: 32% median error; doubled: 33 of 38 pairs in order; latency_us
-    four times: 39% and 32)."""
+    fails them (warp_gbps halved: 32% median error; doubled: 33 of 38 pairs in order). Not every
+    factor does: latency_us doubled keeps both (23%, 35 of 38: the totals cannot tell it from the
+    fit), tripled fails by a hair (25.1% against 25%), four times clearly (39%, 32 of 38)."""
     bad = dataclasses.replace(latency.FITTED, **{name: getattr(latency.FITTED, name) * factor})
     got = latency_fit.accuracy(H200, bad, points)
     assert not got["within"], got
