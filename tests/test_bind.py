@@ -65,11 +65,12 @@ def test_cli_bind_checks_against_onnxruntime_and_the_error_names_the_option(bran
     assert proc.returncode == 0, proc.stderr
     assert "vs onnxruntime" in proc.stdout and "MISMATCH" not in proc.stdout
     proc = _cli("run", path, "--fusion", "souffle")
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "'mode'" in last and "--bind mode=VALUE" in last
     proc = _cli("compile", path, "--target", "llvm", "--bind", "nope=1")
     assert proc.returncode == 2 and "no such input" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_bind_values_parse_and_bad_ones_are_named(tmp_path):

@@ -97,9 +97,11 @@ def test_report_bad_input_exits_2_with_one_line(tmp_path):
         proc = run("report", *args, cwd=tmp_path)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.startswith("souffle-tvm: error:") and words in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr
     proc = run("report", cwd=tmp_path)                 # argparse usage errors are bad input too
     assert proc.returncode == 2 and "REPORT.json" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_progress_on_a_terminal_overwrites_and_erases_its_line():

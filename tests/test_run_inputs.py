@@ -84,11 +84,11 @@ def test_static_input_of_the_wrong_shape_is_a_clear_error(model_path, tmp_path):
     feeds["scale"] = np.ones((2,), np.float32)   # the model declares scale 0-d: no silent recompile
     np.savez(tmp_path / "in.npz", **feeds)
     res = _run(str(model_path), "--inputs", str(tmp_path / "in.npz"))
-    assert res.returncode == 2, res.stderr
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "input 'scale' has shape (2,), the model expects ()" in res.stderr
 
 
 def test_dynamic_model_without_inputs_or_shapes_says_how(model_path):
     res = _run(str(model_path))
-    assert res.returncode == 2
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "dynamic dimension 0 ('batch')" in res.stderr

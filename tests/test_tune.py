@@ -112,7 +112,7 @@ def _cli(*args, timeout=120):
 
 def test_cli_cuda_without_gpu_or_tracker_exits_2(tmp_path):
     proc, _ = _cli("tune", "mmoe", "--small", "--target", "cuda", "--database", str(tmp_path / "db"), "--trials", "4")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("souffle-tvm: error:") and "Traceback" not in proc.stderr
     assert "GPU" in proc.stderr and "--rpc-tracker" in proc.stderr
     assert not (tmp_path / "db").exists()     # nothing was started
@@ -125,10 +125,12 @@ def test_cli_bad_tracker_fails_fast(tmp_path):
     proc, seconds = _cli("tune", "mmoe", "--small", "--target", "cuda", "--database", str(tmp_path / "db"),
                          "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "h200", timeout=60)
     assert proc.returncode == 2 and "cannot reach the RPC tracker" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert seconds < 30
     proc, _ = _cli("tune", "mmoe", "--small", "--target", "cuda", "--database", str(tmp_path / "db"),
                    "--rpc-tracker", "nohostport", "--rpc-key", "h200")
     assert proc.returncode == 2 and "HOST:PORT" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_silent_tracker_times_out():
