@@ -84,6 +84,11 @@ class Constants:
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in NAMES}
 
+    @classmethod
+    def fitted_from(cls, values: dict) -> "Constants":
+        """The fitted constants in ``values`` (``as_dict``'s form; other keys ignored), the rest default."""
+        return cls(**{n: float(v) for n, v in values.items() if n in NAMES})
+
 
 # Fitted by python/latency_fit.py on data/gpu runs 1-3 (data/latency/fit.json); a test
 # checks these equal the committed fit. Each refit is its own commit.

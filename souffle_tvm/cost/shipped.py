@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..core.files import atomic_write
-from .latency import NAMES, Constants
+from .latency import Constants
 
 DATA = Path(__file__).resolve().parent / "data"
 CONSTANTS = DATA / "constants.json"
@@ -25,14 +25,13 @@ def _constants_file() -> dict:
 
 def fitted() -> Constants:
     """The constants of the shipped fit (``latency.FITTED`` is checked to equal them)."""
-    return Constants(**{n: float(v) for n, v in _constants_file()["constants"].items() if n in NAMES})
+    return Constants.fitted_from(_constants_file()["constants"])
 
 
 def leave_one_model_out() -> dict[str, Constants]:
     """{model left out: the constants refitted without it}: the model's own spread, the sets a
     choice made without a device must hold under (``measure.regret``)."""
-    return {m: Constants(**{n: float(v) for n, v in c.items() if n in NAMES})
-            for m, c in sorted(_constants_file()["lomo_constants"].items())}
+    return {m: Constants.fitted_from(c) for m, c in sorted(_constants_file()["lomo_constants"].items())}
 
 
 def write(validation: dict, source: str) -> Path:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.files import atomic_write, cache_root, note_recomputed
-from .latency import NAMES, Constants
+from .latency import Constants
 from .measured import MeasuredTimes
 
 SUBDIR = "timing"
@@ -99,4 +99,4 @@ class TimingCache:
         """The latency model's constants refitted on this device, if ``souffle-tvm fit`` ran."""
         if not self.constants:
             return None
-        return Constants(**{n: float(v) for n, v in self.constants.items() if n in NAMES})
+        return Constants.fitted_from(self.constants)

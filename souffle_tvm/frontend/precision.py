@@ -117,6 +117,7 @@ def convert(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
     for vi in g.input:               # float32 inputs stay float32 outside, the low type inside
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT and vi.name not in {t.name for t in g.initializer}:
             renamed[vi.name] = cast(vi.name, low)
+    floats |= set(renamed.values())      # an input's low twin is a float tensor of the graph too
     outputs = {vi.name for vi in g.output if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
     for node in g.node:
         node = _copy(node)
@@ -130,11 +131,10 @@ def convert(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
         elif node.op_type in ("Constant", "ConstantOfShape"):
             _lower_constant(node, dtype)
         for j, name in enumerate(node.input):
-            if (node.op_type, j) in FLOAT32_INPUTS and name and _was_float(name, renamed, floats):
+            if (node.op_type, j) in FLOAT32_INPUTS and name in floats:
                 node.input[j] = cast(name, TensorProto.FLOAT)
         if node.op_type in KEPT_FLOAT32:
-            node.input[:] = [cast(i, TensorProto.FLOAT) if i and _was_float(i, renamed, floats) else i
-                             for i in node.input]
+            node.input[:] = [cast(i, TensorProto.FLOAT) if i in floats else i for i in node.input]
             wide = list(node.output)
             node.output[:] = [f"{o}__wide" if o in floats else o for o in wide]
             nodes.append(node)
@@ -164,11 +164,6 @@ def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
 
 def _attr(node: onnx.NodeProto, name: str):
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
-
-
-def _was_float(name: str, renamed: dict[str, str], floats: set[str]) -> bool:
-    original = next((k for k, v in renamed.items() if v == name), name)
-    return original in floats
 
 
 def _lower_constant(node: onnx.NodeProto, dtype: str) -> None:

@@ -88,84 +88,93 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
                            f"(given --fusion {fusion} --level {level})")
     device = reach(tgt, measure, rpc_tracker, rpc_key) if level == AUTO and fusion == "souffle" else None
     with prior.using(_device_prior(device)):
-        auto, level = level == AUTO, options.level
-        if not isinstance(model, ImportedModel):
-            progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
-        imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
-                                                                              bind=bind)
-        source = imported
-        t0 = time.perf_counter()
-        souffle, fallback = None, None
-        if fusion == "souffle":
-            progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
-                          + (", stitch" if level in STITCHING_LEVELS else ""))
-            try:
-                first = Feedback(estimated_grids=nvcc and ptxas.nvcc_path() is not None)
-                souffle = results.run(imported.mod, tgt, imported.params, options, first)
-            except LoweringError as err:
-                fallback = str(err)   # documented: the whole model then builds through TVM's path
-        with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
-            if souffle is not None and is_cuda(tgt):
-                built = settle(imported, souffle, tgt, nvcc)
-                souffle, result, facts, src, nvcc_seconds = (built.souffle, built.result, built.facts, built.source,
-                                                             built.nvcc_seconds)
-            else:
-                result, facts, src = build(imported, souffle, tgt, nvcc)
-                nvcc_seconds = facts.nvcc.get("seconds", 0.0)
-        graphs = None
-        if cuda_graph and is_cuda(tgt):
-            summary = cuda_graph_build.summary(result.executable, set(result.calls))
-            for k in facts.kernels:
-                k.launches_outside_graph = summary["outside_by_function"].get(k.primfunc, 0)
-            graphs = {k: v for k, v in summary.items() if k != "outside_by_function"}
-        if is_cuda(tgt) and facts.nvcc.get("available"):
-            check_coresidency(facts)   # never launch a grid that cannot be co-resident
+        return _compile(model, tgt, fusion, options, level == AUTO, small, dtype, shapes, nvcc, database, bind,
+                        cuda_graph, count_traffic, device)
+
+
+def _compile(model, tgt: tvm.target.Target, fusion: str, options: Options, auto: bool, small: bool, dtype: str,
+             shapes: dict | None, nvcc: bool, database: str | None, bind: dict | None, cuda_graph: bool,
+             count_traffic: bool, device) -> Compiled:
+    """``compile`` with its options checked and the device (if any) reached, under its prior."""
+    level = options.level
+    if not isinstance(model, ImportedModel):
+        progress.step(f"importing {model if isinstance(model, str) else 'the ONNX model'}")
+    imported = model if isinstance(model, ImportedModel) else import_onnx(model, shapes, small=small, dtype=dtype,
+                                                                          bind=bind)
+    source = imported
+    t0 = time.perf_counter()
+    souffle, fallback = None, None
+    if fusion == "souffle":
+        progress.step(f"souffle pipeline {level}: lower to TE, transform, partition"
+                      + (", stitch" if level in STITCHING_LEVELS else ""))
+        try:
+            first = Feedback(estimated_grids=nvcc and ptxas.nvcc_path() is not None)
+            souffle = results.run(imported.mod, tgt, imported.params, options, first)
+        except LoweringError as err:
+            fallback = str(err)   # documented: the whole model then builds through TVM's path
+    with cuda_graph_build.enabled(cuda_graph and is_cuda(tgt)):
+        if souffle is not None and is_cuda(tgt):
+            built = settle(imported, souffle, tgt, nvcc)
+            souffle, result, facts, src, nvcc_seconds = (built.souffle, built.result, built.facts, built.source,
+                                                         built.nvcc_seconds)
+        else:
+            result, facts, src = build(imported, souffle, tgt, nvcc)
+            nvcc_seconds = facts.nvcc.get("seconds", 0.0)
+    graphs = None
+    if cuda_graph and is_cuda(tgt):
+        summary = cuda_graph_build.summary(result.executable, set(result.calls))
+        for k in facts.kernels:
+            k.launches_outside_graph = summary["outside_by_function"].get(k.primfunc, 0)
+        graphs = {k: v for k, v in summary.items() if k != "outside_by_function"}
+    if is_cuda(tgt) and facts.nvcc.get("available"):
+        check_coresidency(facts)   # never launch a grid that cannot be co-resident
+    if souffle is not None:
+        imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
+    result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
+    facts.seconds = result.seconds
+    report = assemble.render(facts)    # the report, once, from what was built
+    report.cuda_graph = graphs
+    report.nvcc["seconds"] = round(nvcc_seconds, 3)
+    report.fusion = fusion
+    if souffle is None:
+        assemble.add_forms(report, result.fused)
+    if fusion == "souffle":
+        report.fallback = fallback
         if souffle is not None:
-            imported = dataclasses.replace(imported, mod=souffle.mod, params=souffle.params)
-        result.seconds = time.perf_counter() - t0 - nvcc_seconds     # nvcc is reported on its own
-        facts.seconds = result.seconds
-        report = assemble.render(facts)    # the report, once, from what was built
-        report.cuda_graph = graphs
-        report.nvcc["seconds"] = round(nvcc_seconds, 3)
-        report.fusion = fusion
-        if souffle is None:
-            assemble.add_forms(report, result.fused)
-        if fusion == "souffle":
-            report.fallback = fallback
-            if souffle is not None:
-                assemble.add_souffle_decisions(report, level, souffle.partition, souffle.program, souffle.subprograms,
-                                               souffle.stitched, souffle.schedule_notes, souffle.rule_failures)
-                assemble.add_reductions(report, souffle.two_phase)
-                assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
-                if database is not None:
-                    report.database = database
-                    assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
-        if count_traffic and is_cuda(tgt):
-            stitched = souffle.stitched if souffle is not None else []
-            counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
-                          imported.params, result.footprints, stitched)
-        predicted.add_latency(report, facts.cost_kernels(), prior.current().constants)
-        compiled = Compiled(imported, tgt, result.executable, report, src, result.fused, dict(result.calls),
-                            facts.cost_kernels() if is_cuda(tgt) else [])
-        if auto and souffle is not None and (device is not None or (is_cuda(tgt) and report.latency)):
-            progress.step("TVM's own build, to compare" + (" on the device" if device else " predicted times"))
-            try:
-                theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph or is_cuda(tgt) and device is not None,
-                                 count_traffic=count_traffic)
-            except Exception as err:  # noqa: BLE001 - only a comparison: TVM's failure must not fail ours
-                # (TVM 0.27's dlight schedules of grouped convolutions fail its own lowering; issue 33)
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                compiled.report.latency = (compiled.report.latency or {}) | {"tvm_build_failed":
-                                                                             f"{type(err).__name__}: {first[:200]}"}
-                theirs = None
-            if device is not None:
-                budget = compile(source, tgt, "souffle", nvcc=nvcc, level="v3", cuda_graph=cuda_graph, measure=False)
-                builds = [("souffle", compiled)] + ([("tvm", theirs)] if theirs is not None else [])
-                compiled = measuring.choose(device, builds + [("souffle v3 budget", budget)])
-            elif theirs is not None:
-                compiled = _faster_of(compiled, theirs)
-        progress.clear()     # the caller prints next: no half line of progress in front of it
-        return compiled
+            assemble.add_souffle_decisions(report, level, souffle.partition, souffle.program, souffle.subprograms,
+                                           souffle.stitched, souffle.schedule_notes, souffle.rule_failures)
+            assemble.add_reductions(report, souffle.two_phase)
+            assemble.add_forms(report, souffle.mod, souffle.unstitched, souffle.stitched)
+            if database is not None:
+                report.database = database
+                assemble.add_schedule_sources(report, souffle.mod, souffle.unstitched, souffle.stitched)
+    if count_traffic and is_cuda(tgt):
+        stitched = souffle.stitched if souffle is not None else []
+        counted.count(report, souffle.mod if souffle is not None else result.fused, tgt, source,
+                      imported.params, result.footprints, stitched)
+    kernels = facts.cost_kernels() if is_cuda(tgt) else []
+    predicted.add_latency(report, kernels, prior.current().constants)
+    compiled = Compiled(imported, tgt, result.executable, report, src, result.fused, dict(result.calls), kernels)
+    if auto and souffle is not None and (device is not None or (is_cuda(tgt) and report.latency)):
+        progress.step("TVM's own build, to compare" + (" on the device" if device else " predicted times"))
+        try:
+            # on a device, TVM's kernels as users run them: under a CUDA graph
+            theirs = compile(source, tgt, "tvm", nvcc=nvcc, cuda_graph=cuda_graph or (is_cuda(tgt) and device is not None),
+                             count_traffic=count_traffic)
+        except Exception as err:  # noqa: BLE001 - only a comparison: TVM's failure must not fail ours
+            # (TVM 0.27's dlight schedules of grouped convolutions fail its own lowering; issue 33)
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            compiled.report.latency = (compiled.report.latency or {}) | {"tvm_build_failed":
+                                                                         f"{type(err).__name__}: {first[:200]}"}
+            theirs = None
+        if device is not None:
+            budget = compile(source, tgt, "souffle", nvcc=nvcc, level="v3", cuda_graph=cuda_graph, measure=False)
+            builds = [("souffle", compiled)] + ([("tvm", theirs)] if theirs is not None else [])
+            compiled = measuring.choose(device, builds + [("souffle v3 budget", budget)])
+        elif theirs is not None:
+            compiled = _faster_of(compiled, theirs)
+    progress.clear()     # the caller prints next: no half line of progress in front of it
+    return compiled
 
 
 def _device_prior(device) -> prior.Prior | None:

@@ -70,15 +70,11 @@ def choose(device: Device, builds: list[tuple[str, object]]) -> object:
     report.measured = {"device": device.info, "where": device.describe(), "reference": ref_name,
                        "tolerance": tolerance, "cache": str(cache.path), "chosen": kept.name, "why": why,
                        "candidates": [t.row() for t in trials]}
-    _mark_kernels(report, trials_by_name(trials)[kept.name], candidate(kept.name, chosen))
+    _mark_kernels(report, kept, next(c for c in cands if c.name == kept.name))
     if kept.name == BASELINE and first is not chosen:
         report.fusion = "souffle"
         report.fallback = f"measured on {device.describe()}: {why}"
     return chosen
-
-
-def trials_by_name(trials: list[measure_trials.Trial]) -> dict[str, measure_trials.Trial]:
-    return {t.name: t for t in trials}
 
 
 def _mark_kernels(report, trial: measure_trials.Trial, cand: measure_trials.Candidate) -> None:
@@ -88,10 +84,11 @@ def _mark_kernels(report, trial: measure_trials.Trial, cand: measure_trials.Cand
     funcs = cand.functions()
     for row in report.kernels:
         here = trial.kernels.get(row.primfunc)
+        elsewhere = shipped.seconds(cand.kernel_key(row.primfunc, funcs[row.primfunc])) \
+            if here is None and row.primfunc in funcs else None
         if here is not None:
             row.measured_us, row.timed = here["us"], "here"
-        elif row.primfunc in funcs and shipped.seconds(cand.kernel_key(row.primfunc, funcs[row.primfunc])):
-            row.measured_us = round(shipped.seconds(cand.kernel_key(row.primfunc, funcs[row.primfunc])) * 1e6, 4)
-            row.timed = "elsewhere"
+        elif elsewhere is not None:
+            row.measured_us, row.timed = round(elsewhere * 1e6, 4), "elsewhere"
         else:
             row.timed = "predicted"
