@@ -23,6 +23,7 @@ STAGE_BLOCKS = "souffle.stage_blocks"     # on a stitched stage loop: the stage'
 # access per thread on the GPU (``runtime.traffic_probe`` counts its elements as one request).
 EMULATED_VECTOR = "souffle.emulated_vector"
 STAGE_THREADS = "souffle.stage_threads"   # ... and its thread count
+STAGE_LANE = "souffle.stage_lane"         # ... and, where not 0, the block its virtual block 0 runs on (``waves``)
 FUSED = "souffle.fused_stages"            # on a loop running several stages per virtual block (``stitch.channel``)
 MIN_BLOCKS_ATTR = "souffle.min_blocks_per_sm"   # on a stitched PrimFunc: its register cap, as blocks per SM
 TVM_MIN_BLOCKS = "tirx.launch_bounds_min_blocks_per_sm"  # TVM's key: __launch_bounds__(threads, blocks)

@@ -77,7 +77,8 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
     n = len(views)
     seg = [0] * n      # stages of one segment: no grid sync between them, as many blocks
     for i in range(1, n):
-        same = needs[i] != dependence.GRID and views[i].blocks == views[i - 1].blocks
+        same = (needs[i] != dependence.GRID and views[i].blocks == views[i - 1].blocks
+                and views[i].lane == views[i - 1].lane)
         seg[i] = seg[i - 1] if same else seg[i - 1] + 1
     writers: dict = {}
     readers: dict = {}

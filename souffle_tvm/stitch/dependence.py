@@ -52,6 +52,7 @@ class StageView:
     tid: tirx.Var
     blocks: int          # vb runs over [0, blocks)
     threads: int         # tid runs over [0, threads)
+    lane: int = 0        # the physical block its vb 0 runs on (``waves``): vb runs on (vb + lane) % G
 
 
 @dataclass
@@ -210,6 +211,8 @@ def barrier_needed(writer: StageView, wbuf, reader: StageView, rbuf) -> str:
     if not loads:
         return NONE
     if reader.blocks > writer.blocks:       # some reader blocks have no writer block of their own
+        return GRID
+    if reader.lane != writer.lane:          # one vb runs on different blocks in the two stages
         return GRID
     stores, _ = _accesses(writer.body, wbuf)
     levels = ((NONE, True), (BLOCK, False)) if reader.threads <= writer.threads else ((BLOCK, False),)

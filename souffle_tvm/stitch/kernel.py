@@ -15,17 +15,18 @@ loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched f
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Hashable, NamedTuple
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 
-from . import channel, dependence, resident, rolling
-from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, op_name
+from . import channel, dependence, resident, rolling, waves
+from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name
 from .lower import LoweredStage, wide_thread
 from ..cost import estimate, tir_stats
-from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_THREADS
+from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_LANE, STAGE_THREADS
 from ..errors import StitchError
 from ..te.rewrite import cast_like
 
@@ -71,6 +72,11 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     tid = tirx.Var("threadIdx_x", "int64")
     views = [_on_kernel_params(st, keys, param_of, tid) for st, keys in zip(stages, args)]
     needs = _barriers(stages, args, access, views, param_of, block)
+    waved = _by_waves(stages, args, access, views, param_of, block, grid, needs)
+    if waved is not None:
+        moved, needs, views = waved
+        order = [order[i] for i in moved]
+        stages, args, access = [stages[i] for i in moved], [args[i] for i in moved], [access[i] for i in moved]
     own_shared = [estimate.stage(v.body).shared_bytes for v in views] if private is not None else []
     # inputs re-read by several stages first (an LSTM layer's weights: a copy spares a read per
     # step), then the produced tensors in what shared memory is left
@@ -99,17 +105,19 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     while i < len(stages):
         last = first.get(i, i)
         it = tirx.Var(f"it{i}", "int64")
+        rb = lane_block(bid, views[i].lane, grid)      # a fused span's stages share a lane (``channel``)
         parts = [_stage_body(stages[j], views[j], it, grid, block, tid, bid) for j in range(i, last + 1)]
         if needs[i] == dependence.GRID and resident_reads[i]:
             # TVM's ThreadSync does not know that a grid sync orders shared memory too: a block
             # barrier of its own before a stage that reads a resident channel after one
             parts[0] = tirx.SeqStmt([dependence.block_barrier(), parts[0]])
         if last == i:
-            loop = tirx.For(it, _i64(0), _trip(stages[i].num_blocks, grid, bid), tirx.ForKind.SERIAL, parts[0],
-                            annotations=_stage_annotations(stages[i]))
+            loop = tirx.For(it, _i64(0), _trip(stages[i].num_blocks, grid, rb), tirx.ForKind.SERIAL, parts[0],
+                            annotations=_stage_annotations(stages[i], views[i].lane))
         else:
             loop = _fused(it, stages[i:last + 1], pres[i + 1:last + 1], parts,
-                          [ch.buffer for ch in channels if not ch.resident and i <= ch.writer <= last], grid, bid)
+                          [ch.buffer for ch in channels if not ch.resident and i <= ch.writer <= last], grid, rb,
+                          views[i].lane)
         items.append((pres[i], loop))
         kept = [(key, w) for j in range(i, last + 1) for k, w in zip(args[j], access[j][1])
                 for key in ([k] if k not in gone else []) + ([onchip_of[j][k]] if k in onchip_of[j] else [])]
@@ -155,6 +163,21 @@ def onchip_key(ch: channel.Channel) -> Hashable:
     return ("onchip", ch.key) if ch.dual else ch.key
 
 
+def _by_waves(stages: list, args: list, access: list, views: list, param_of: dict, block: int, grid: int,
+              needs: list[str]) -> tuple[list[int], list[str], list] | None:
+    """The stages by wave, each on its lane (``waves``): (the new order, its barriers, its views),
+    where that order needs fewer grid syncs than ``needs``; None where it does not."""
+    plan = waves.schedule(args, access, [st.num_blocks for st in stages], grid)
+    if plan.order == list(range(len(stages))) and not any(plan.lanes):
+        return None
+    moved = [dataclasses.replace(views[i], lane=lane) for i, lane in zip(plan.order, plan.lanes)]
+    waved = _barriers([stages[i] for i in plan.order], [args[i] for i in plan.order],
+                      [access[i] for i in plan.order], moved, param_of, block)
+    if waved.count(dependence.GRID) >= needs.count(dependence.GRID):
+        return None
+    return plan.order, waved, moved
+
+
 def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:
     """Per stage, the weakest barrier its dependences on earlier stages need (``dependence``)."""
     needs = []
@@ -189,8 +212,10 @@ def _i64(v: int) -> tirx.PrimExpr:
 
 
 def _stage_body(st: LoweredStage, view: dependence.StageView, it, grid: int, block: int, tid, bid) -> tirx.Stmt:
-    """One stage's block body at virtual block ``it * grid + bid`` of the kernel's launch."""
-    stmt = tvm_ffi.structural_map(view.body, (tirx.Var, lambda v: it * _i64(grid) + bid if v.same_as(dependence.VB) else v))
+    """One stage's block body at virtual block ``it * grid + bid`` of the kernel's launch (``bid``
+    rotated to the stage's lane)."""
+    vb = it * _i64(grid) + lane_block(bid, view.lane, grid)
+    stmt = tvm_ffi.structural_map(view.body, (tirx.Var, lambda v: vb if v.same_as(dependence.VB) else v))
     if st.num_threads < block:     # barrier-free stage narrower than the kernel
         stmt = tirx.IfThenElse(tid < _i64(st.num_threads), stmt, None)
     # A stage's unroll pragmas hang on its own (now substituted) thread variable: left as
@@ -206,12 +231,13 @@ def _trip(blocks: int, grid: int, bid) -> tirx.PrimExpr:
     return tirx.floordiv(_i64(blocks) - bid + _i64(grid - 1), _i64(grid))
 
 
-def _stage_annotations(st: LoweredStage) -> dict:
-    """What marks a stage's loop as one: its own block and thread counts."""
-    return {STAGE_BLOCKS: _i64(st.num_blocks), STAGE_THREADS: _i64(st.num_threads)}
+def _stage_annotations(st: LoweredStage, lane: int = 0) -> dict:
+    """What marks a stage's loop as one: its own block and thread counts (and its lane)."""
+    return {STAGE_BLOCKS: _i64(st.num_blocks), STAGE_THREADS: _i64(st.num_threads),
+            **({STAGE_LANE: _i64(lane)} if lane else {})}
 
 
-def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, bid) -> tirx.For:
+def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, bid, lane: int = 0) -> tirx.For:
     """Several stages in ONE grid-stride loop over their (common) virtual blocks, each iteration
     every stage in order with its barrier before it, the channels' shared buffers allocated per
     iteration; a block barrier ends an iteration when there can be a next one, which overwrites
@@ -223,7 +249,7 @@ def _fused(it, stages: list, pres: list, parts: list, buffers: list, grid: int, 
         if pre is not None:
             seq.append(pre)
         seq.append(tirx.For(tirx.Var(f"{it.name}_{k}", "int64"), _i64(0), _i64(1), tirx.ForKind.SERIAL, part,
-                            annotations=_stage_annotations(st)))
+                            annotations=_stage_annotations(st, lane)))
     if blocks > grid:
         seq.append(dependence.block_barrier())
     return tirx.For(it, _i64(0), _trip(blocks, grid, bid), tirx.ForKind.SERIAL, tirx.SeqStmt(seq),

@@ -15,7 +15,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import dependence
-from ..core.ir_names import FUSED, PREFETCH, STAGE_BLOCKS, STAGE_THREADS
+from ..core.ir_names import FUSED, PREFETCH, STAGE_BLOCKS, STAGE_LANE, STAGE_THREADS
 
 GRID_SYNC = "tirx.cuda.grid_sync"
 BLOCK_BARRIERS = ("tirx.tvm_storage_sync", "tirx.tvm_thread_allreduce")
@@ -166,6 +166,16 @@ def stage_view(stmt, bid, tid, grid: int, loop=None) -> dependence.StageView | N
     if isinstance(body, tirx.IfThenElse) and body.else_case is None and \
             tvm_ffi.structural_equal(body.condition, tid < tirx.const(threads, "int64")):
         body = body.then_case
-    vb = (loop if loop is not None else stmt).loop_var * tirx.const(grid, "int64") + bid
+    it = (loop if loop is not None else stmt).loop_var
+    lane = int(ann[STAGE_LANE]) if STAGE_LANE in ann else 0
+    vb = it * tirx.const(grid, "int64") + lane_block(bid, lane, grid)
     body = tvm_ffi.structural_map(body, (tirx.Add, lambda e: dependence.VB if tvm_ffi.structural_equal(e, vb) else e))
-    return dependence.StageView(body, tid, int(ann[STAGE_BLOCKS]), threads)
+    return dependence.StageView(body, tid, int(ann[STAGE_BLOCKS]), threads, lane)
+
+
+def lane_block(bid, lane: int, grid: int) -> tirx.PrimExpr:
+    """The block index a stage on ``lane`` walks its virtual blocks from: ``bid`` rotated so that
+    its virtual block 0 runs on block ``lane`` (``waves``); ``bid`` itself on lane 0."""
+    if lane % grid == 0:
+        return bid
+    return tirx.floormod(bid + tirx.const(grid - lane % grid, "int64"), tirx.const(grid, "int64"))

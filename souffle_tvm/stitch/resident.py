@@ -94,8 +94,9 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
             continue
         # the readers of one block count at most the grid (a block runs one virtual block of
         # each), the count most of them share; the others read global memory as before
-        sizes = [views[r].blocks for r in every if views[r].blocks <= grid]
-        rs = [r for r in every if sizes and views[r].blocks == max(set(sizes), key=sizes.count)]
+        # (and one lane: a block's copy is one virtual block's box)
+        sizes = [(views[r].blocks, views[r].lane) for r in every if views[r].blocks <= grid]
+        rs = [r for r in every if sizes and (views[r].blocks, views[r].lane) == max(set(sizes), key=sizes.count)]
         if len(rs) < MIN_READERS or views[rs[0]].threads != block:
             continue          # nothing to spare, or the fill would be narrower than the block
         buf = param_of[k]
@@ -120,7 +121,7 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
         first = views[rs[0]]
         filler = fill(res, buf, first.tid, block)
         # what the static check will ask: every later read of the copy inside what the fill wrote
-        by_fill = dependence.StageView(filler, first.tid, first.blocks, block)
+        by_fill = dependence.StageView(filler, first.tid, first.blocks, block, first.lane)
         if any(dependence.barrier_needed(by_fill, copy, moved[r], copy) == dependence.GRID for r in rs[1:]):
             continue
         if reuse is None:
