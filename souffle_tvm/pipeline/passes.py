@@ -46,7 +46,7 @@ from ..partition.groups import readers_of, outputs_of
 from ..stitch import prefetch
 from ..stitch.module import kernel_name, stitch_module
 from ..te import program as te_program
-from ..transforms import fold_weights, horizontal, two_phase, vertical
+from ..transforms import fold_weights, horizontal, step_slices, two_phase, vertical
 from ..planning import at_block_sizes, block_counts, fused_or_alone, joint_tiles, partials, schedules
 from ..planning.group_calls import GroupCalls
 from ..planning.group_facts import group_facts
@@ -100,9 +100,8 @@ def params_of(mod: tvm.IRModule) -> list[np.ndarray]:
 
 def without_records(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` without the passes' records (what is built)."""
-    for key in (INFO, PARAMS, PROGRAM):
-        if mod.attrs is not None and key in mod.attrs:
-            mod = mod.without_attr(key)
+    for key in [k for k in (INFO, PARAMS, PROGRAM) if mod.attrs is not None and k in mod.attrs]:
+        mod = mod.without_attr(key)
     return mod
 
 
@@ -124,14 +123,15 @@ class LowerToTE:
     ``params``: the weight arrays in ``main``'s parameter order after the inputs; if None,
     the ``params`` function attribute that ``from_onnx(keep_params_in_input=True)`` leaves;
     if neither and ``main`` takes only its inputs, the weights are bound into it as constants
-    (``relax.transform.BindParams``), and those are taken as the weights.
+    (``relax.transform.BindParams``), and those are taken as the weights. ``steps``: ``step_slices`` first.
     """
 
-    def __init__(self, params: list | None = None):
-        self.params = params
+    def __init__(self, params: list | None = None, steps: bool = False):
+        self.params, self.steps = params, steps
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         params = self.params
+        mod = step_slices.sink(mod)[0] if self.steps else mod
         main = mod["main"]
         if params is None and main.attrs is not None and "params" in main.attrs:
             params = [p.numpy() for p in main.attrs["params"]]
@@ -431,7 +431,7 @@ def _pipeline(target: tvm.target.Target, params: list | None, options: Options, 
               feedback: Feedback | None, cooperative_guard: bool) -> tvm.transform.Pass:
     options = options.check(target)
     stitching = options.stitches(target)
-    steps = [LowerToTE(params)] if lower else []
+    steps = [LowerToTE(params, stitching)] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too
     judged = options.partitioner == "time"
     steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(),

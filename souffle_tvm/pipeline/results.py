@@ -16,6 +16,7 @@ import tvm
 from ..codegen.database import open_database
 from ..partition.groups import Partition
 from ..te import program as te_program
+from ..transforms import step_slices
 from ..transforms.horizontal import HorizontalResult
 from ..transforms.two_phase import TwoPhaseResult
 from ..transforms.vertical import VerticalResult
@@ -54,6 +55,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Opt
     options = (options or Options()).check(target)
     feedback = feedback or Feedback()
     database = open_database(options.database) if options.database is not None else None
+    mod = step_slices.sink(mod)[0] if options.stitches(target) else mod     # as LowerToTE does
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
     with tvm.transform.PassContext(opt_level=3):
         # no entry check: the driver always builds with the cooperative TIR pipeline
