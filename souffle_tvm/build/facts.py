@@ -59,6 +59,7 @@ class KernelFacts:
     min_blocks: int | None = None
     stage_plan: list[PlannedStage] | None = None
     on_chip: dict | None = None
+    phases: list[int] | None = None     # per stage: stages of one phase run at once (``stitch.waves``)
 
     def cost_kernel(self) -> latency.Kernel:
         """The latency model's kernel: a stitched kernel's planned stages, else one stage of its
@@ -73,7 +74,8 @@ class KernelFacts:
                             self.elem_bytes or 4),)
         return latency.Kernel(self.name, grid, threads, self.registers, self.shared_bytes or 0, stages,
                               (self.grid_syncs or 0) if self.stage_plan else 0, self.launches,
-                              self.launches_outside_graph, self.counts)
+                              self.launches_outside_graph, self.counts,
+                              tuple(self.phases) if self.stage_plan and self.phases else None)
 
 
 @dataclass
@@ -211,6 +213,7 @@ def _add_stitched(facts: BuildFacts, result: BuildResult, stitched: list, unstit
             kf.prefetched_bytes = sk.prefetched_bytes or None
             kf.min_blocks = sk.min_blocks
             kf.stage_plan = stage_plan(result, sk, stage_funcs)
+            kf.phases = list(sk.phases) or None
             kf.bytes = sum(p.stage.bytes for p in kf.stage_plan)     # its stages' footprints
             kf.on_chip = {"stages": sum(bool(p) for p in sk.onchip), "channel_bytes": sk.onchip_bytes,
                           "resident_inputs": list(sk.resident_inputs), "resident_bytes": sk.resident_bytes,

@@ -37,6 +37,10 @@ bytes and flops. The terms, each physical:
 * **Grid-stride tiles.** In a stitched kernel a block runs its next tile of a stage only after
   its previous one (no other block's tile overlaps its start the way a new block does in a
   kernel of its own): ``tile_us`` per extra wave.
+* **Waves.** Stages of one wave placed side by side on disjoint blocks (``stitch.waves``: a
+  stacked recurrence's cells) run at once: the wave takes its slowest stage, not their sum
+  (``Kernel.phases``; where their blocks would wrap around the grid they count in sequence).
+  This is no fitted term, and no GPU has timed such a kernel yet.
 * **Fixed costs.** A grid sync plus the cold restart after it (``sync_us``); per kernel in a
   CUDA graph (``node_us``); per launch from the host without a graph, which the GPU waits for
   when its kernels are shorter (``launch_us``).
@@ -120,6 +124,7 @@ class Kernel:
     launches: int = 1
     uncaptured: int | None = None   # under TVM's CUDA-graph rewriting: launches left outside its graphs
     counts: BlockCounts | None = None   # what one block executes, from its lowered TIR
+    phases: tuple[int, ...] | None = None   # per stage: stages of one phase run at once, on disjoint blocks
 
     @classmethod
     def single(cls, name: str, grid: int, threads: int, registers: int | None, shared_bytes: int,
@@ -294,7 +299,7 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
     stages = tuple(stage_time(gpu, c, s, slots, persistent=not single,
                               chain_s=chain if single and counted is not None else None) for s in kernel.stages)
     sync = kernel.grid_syncs * c.sync_us * 1e-6
-    seconds = sum(s.seconds for s in stages) + sync
+    seconds = in_phases(kernel, [s.seconds for s in stages]) + sync
     if not single and counted is not None:
         # the counts are the whole kernel's (every stage's steps of one block), one wave per slot
         # fill; and no kernel ends before its busiest block's chain
@@ -306,6 +311,17 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
     return KernelTime(kernel.name, slots, per_sm, stages, sync, max(seconds, floor), floor, by)
 
 
+def in_phases(kernel: Kernel, values: list[float]) -> float:
+    """Per-stage figures added up in sequence, the stages of one phase (``Kernel.phases``: a
+    wave's stages on disjoint blocks, ``stitch.waves``) counting as the largest of them."""
+    if not kernel.phases:
+        return sum(values)
+    top: dict = {}
+    for phase, v in zip(kernel.phases, values):
+        top[phase] = max(top.get(phase, 0.0), v)
+    return sum(top.values())
+
+
 def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, ...]) -> tuple[str | None, float]:
     """(name, seconds) of ``kernel``'s binding floor: its stages' floors one after another with
     its grid syncs', or a floor of what its blocks execute (``Kernel.counts``), whichever is larger."""
@@ -313,7 +329,8 @@ def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, 
     if len(stages) == 1:
         named = stage_floors(gpu, kernel.stages[0], slots)
     elif stages:
-        named = {"stages": sum(s.floor for s in stages) + kernel.grid_syncs * floors.GRID_SYNC_CYCLES / gpu.clock_hz}
+        named = {"stages": in_phases(kernel, [s.floor for s in stages])
+                 + kernel.grid_syncs * floors.GRID_SYNC_CYCLES / gpu.clock_hz}
     if kernel.counts is not None:
         for name, v in floors.block_floors(gpu, kernel.grid, slots, kernel.counts, block_cycles(gpu, kernel)).items():
             named[name] = max(named.get(name, 0.0), v)

@@ -95,6 +95,13 @@ class Options:
         """Whether subprograms become cooperative kernels (v3/v4 on CUDA)."""
         return self.level in STITCHING_LEVELS and is_cuda(target)
 
+    def step_slices(self, target: tvm.target.Target) -> bool:
+        """Whether step takes move to the concats they read (``transforms.step_slices``), so a
+        stacked recurrence's cells can form waves: where stitching partitions by budget. The
+        time-driven partitioner does not price a kernel's waves yet, and would cut the per-step
+        input projections into kernels of their own."""
+        return self.stitches(target) and self.partitioner == "budget"
+
 
 @dataclass(frozen=True)
 class Feedback:

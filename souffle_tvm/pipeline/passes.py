@@ -431,7 +431,7 @@ def _pipeline(target: tvm.target.Target, params: list | None, options: Options, 
               feedback: Feedback | None, cooperative_guard: bool) -> tvm.transform.Pass:
     options = options.check(target)
     stitching = options.stitches(target)
-    steps = [LowerToTE(params, stitching)] if lower else []
+    steps = [LowerToTE(params, options.step_slices(target))] if lower else []
     # the time-driven partitioner's objective judges the two-phase splits too
     judged = options.partitioner == "time"
     steps += [FoldWeights(), HorizontalFusion(), VerticalFusion(),

@@ -55,7 +55,7 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Opt
     options = (options or Options()).check(target)
     feedback = feedback or Feedback()
     database = open_database(options.database) if options.database is not None else None
-    mod = step_slices.sink(mod)[0] if options.stitches(target) else mod     # as LowerToTE does
+    mod = step_slices.sink(mod)[0] if options.step_slices(target) else mod     # as LowerToTE does
     mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
     with tvm.transform.PassContext(opt_level=3):
         # no entry check: the driver always builds with the cooperative TIR pipeline

@@ -1,7 +1,9 @@
 """Which barrier a stitched stage needs before it, proved from the stages' index maps.
 
 A stitched kernel runs stage after stage on the same grid; virtual block ``vb`` of every stage
-runs on physical block ``vb % G``, in program order. So a stage that reads only what the *same*
+runs on physical block ``(vb + lane) % G``, in program order (``lane`` 0 unless the stage runs
+beside others of its wave, ``waves``; stages on different lanes never share a block's view of
+``vb``, so a dependence between them keeps its grid sync). So a stage that reads only what the *same*
 virtual block of an earlier stage wrote needs no grid-wide barrier: a block barrier
 (``__syncthreads``, which also orders the block's global-memory accesses) is enough, and none
 at all when each thread reads only what it wrote itself.

@@ -39,6 +39,7 @@ class Stitched(NamedTuple):
     order: list[int]               # per stage in kernel order: its index in ``stages`` as given
     residents: list                # the inputs each block keeps a copy of (``resident.Resident``)
     onchip_stacks: list            # ``rolling.Stack``s in shared memory: a rolled run's channels, one per slot
+    phases: list[int]              # per stage in kernel order: stages of one phase run at once, on disjoint blocks
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
@@ -154,7 +155,8 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if min_blocks:
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
-    return Stitched(func, syncs, stacks, channels, order, residents, onchip_stacks)
+    return Stitched(func, syncs, stacks, channels, order, residents, onchip_stacks,
+                    _phases(needs, [v.lane for v in views], [st.num_blocks for st in stages], grid))
 
 
 def onchip_key(ch: channel.Channel) -> Hashable:
@@ -167,7 +169,10 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
               needs: list[str]) -> tuple[list[int], list[str], list] | None:
     """The stages by wave, each on its lane (``waves``): (the new order, its barriers, its views),
     where that order needs fewer grid syncs than ``needs``; None where it does not."""
-    plan = waves.schedule(args, access, [st.num_blocks for st in stages], grid)
+    def crosses(j: int, i: int, key) -> bool:      # on one lane: does i read what another block of j wrote
+        return dependence.barrier_needed(views[j], param_of[key], views[i], param_of[key]) == dependence.GRID
+
+    plan = waves.schedule(args, access, [st.num_blocks for st in stages], grid, crosses)
     if plan.order == list(range(len(stages))) and not any(plan.lanes):
         return None
     moved = [dataclasses.replace(views[i], lane=lane) for i, lane in zip(plan.order, plan.lanes)]
@@ -176,6 +181,18 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
     if waved.count(dependence.GRID) >= needs.count(dependence.GRID):
         return None
     return plan.order, waved, moved
+
+
+def _phases(needs: list[str], lanes: list[int], blocks: list[int], grid: int) -> list[int]:
+    """Per stage, its phase: a stage joins the previous stage's phase where no barrier separates
+    them and its lane starts where that stage's blocks end, within the grid (``waves``): the two
+    run at once on disjoint blocks. Every other stage starts a phase of its own."""
+    phases = []
+    for i, need in enumerate(needs):
+        beside = (i > 0 and need == dependence.NONE and lanes[i] > 0
+                  and lanes[i] == lanes[i - 1] + blocks[i - 1] and lanes[i] + blocks[i] <= grid)
+        phases.append(phases[-1] if beside else len(set(phases)))
+    return phases
 
 
 def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:

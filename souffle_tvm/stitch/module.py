@@ -57,6 +57,8 @@ class StitchedKernel:
     # alone at ``block`` (the partitioner's figures: {"tiles", "sectors", "k_steps",
     # "shared_wavefronts"}), None where not counted; set by the pass that stitches
     counted_alone: list = field(default_factory=list)
+    # per entry of ``stages``: its phase; stages of one phase run at once on disjoint blocks (``waves``)
+    phases: list[int] = field(default_factory=list)
 
 
     def stage_func(self, function: str, funcs: dict):
@@ -250,7 +252,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
             leaves.update(k for k in produced if k.kind == "out" and k.pos == pos)
     leaves.update(key for alias, key in aliases.items() if used_after is None or alias in used_after)
     private = lambda k: isinstance(k, Produced) and k not in leaves  # noqa: E731 - made here, read nowhere after
-    func, syncs, stacks, channels, order, residents, onchip_stacks = stitch(
+    func, syncs, stacks, channels, order, residents, onchip_stacks, phases = stitch(
         stages, [[x if isinstance(x, Produced) else ExprKey(x) for x in fa] for fa in args], grid, block, name=name,
         target=target, param_keys=keys, stackable=private, min_blocks=min_blocks,
         private=private if onchip else None)
@@ -289,7 +291,8 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           onchip=_onchip_positions(channels, residents, order, args),
                           onchip_bytes=_onchip_bytes(channels, onchip_stacks),
                           resident_bytes=sum(tir_stats.buffer_bytes(b) for b in resident.copies(residents)),
-                          resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args))
+                          resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args),
+                          phases=[phases[order.index(i)] for i in range(len(stages))])
 
 
 def _onchip_bytes(channels: list, onchip_stacks: list) -> int:

@@ -19,7 +19,7 @@ keeps the wave order only where it needs fewer grid syncs than the order it was 
 
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 
 class Waves(NamedTuple):
@@ -27,23 +27,27 @@ class Waves(NamedTuple):
     lanes: list[int]       # per stage in the new order: its lane
 
 
-def levels(args: list[list[Hashable]], access: list[tuple[list[bool], list[bool]]]) -> list[int]:
-    """Per stage, its wave: 0 when it depends on no earlier stage, else one more than the latest
-    earlier stage whose output it reads (read after write) or whose tensor it overwrites (write
-    after read or write). Stages of one wave therefore share no tensor that one of them writes."""
-    written: dict = {}      # key -> the latest wave that wrote it
+def levels(args: list[list[Hashable]], access: list[tuple[list[bool], list[bool]]],
+           crosses: Callable[[int, int, Hashable], bool] = lambda j, i, k: True) -> list[int]:
+    """Per stage, its wave: 0 when it depends on no earlier stage, else the latest wave among
+    the earlier stages it depends on, one more where that dependence needs a grid sync: a read
+    of what another block wrote (``crosses(writer, reader, key)``), or a write after a read or
+    write. A stage that reads only what the same block of its producer wrote stays in the
+    producer's wave, after it on the same lane (``schedule``)."""
+    writer: dict = {}       # key -> the latest stage that wrote it
     touched: dict = {}      # key -> the latest wave that read or wrote it
-    out = []
-    for keys, (reads, writes) in zip(args, access):
+    out: list[int] = []
+    for i, (keys, (reads, writes)) in enumerate(zip(args, access)):
         wave = 0
         for k, r, w in zip(keys, reads, writes):
-            if r and k in written:
-                wave = max(wave, written[k] + 1)
+            if r and k in writer:
+                j = writer[k]
+                wave = max(wave, out[j] + (1 if crosses(j, i, k) else 0))
             if w and k in touched:
                 wave = max(wave, touched[k] + 1)
         for k, r, w in zip(keys, reads, writes):
             if w:
-                written[k] = max(written.get(k, 0), wave)
+                writer[k] = i
             if r or w:
                 touched[k] = max(touched.get(k, 0), wave)
         out.append(wave)
@@ -51,21 +55,40 @@ def levels(args: list[list[Hashable]], access: list[tuple[list[bool], list[bool]
 
 
 def schedule(args: list[list[Hashable]], access: list[tuple[list[bool], list[bool]]], blocks: list[int],
-             grid: int) -> Waves:
-    """The stages ordered by wave (stable within one), and their lanes: in each wave the stages
-    one after another on the grid, each starting where the previous one's blocks end (modulo
-    the grid)."""
-    wave = levels(args, access)
-    order = sorted(range(len(wave)), key=lambda i: (wave[i], i))
-    lanes, start, at = [], None, 0
+             grid: int, crosses: Callable[[int, int, Hashable], bool] = lambda j, i, k: True) -> Waves:
+    """The stages ordered by wave, and their lanes. In a wave, the stages linked by block-local
+    dependences form a *strand* (one chain's run between grid syncs), kept together in their
+    given order on one lane; the strands one after another on the grid, each starting where the
+    previous one's blocks end (modulo the grid)."""
+    wave = levels(args, access, crosses)
+    strand = list(range(len(wave)))
+
+    def root(i: int) -> int:
+        while strand[i] != i:
+            strand[i] = strand[strand[i]]
+            i = strand[i]
+        return i
+
+    writer: dict = {}
+    for i, (keys, (reads, writes)) in enumerate(zip(args, access)):
+        for k, r, w in zip(keys, reads, writes):
+            if r and k in writer and wave[writer[k]] == wave[i]:
+                strand[root(i)] = root(writer[k])
+        for k, w in zip(keys, writes):
+            if w:
+                writer[k] = i
+    first = {}
+    for i in range(len(wave)):
+        first.setdefault(root(i), i)
+    order = sorted(range(len(wave)), key=lambda i: (wave[i], first[root(i)], i))
+    width: dict = {}
     for i in order:
-        if wave[i] != start:
-            start, at = wave[i], 0
-        lanes.append(at % grid)
-        at += blocks[i]
+        width[root(i)] = max(width.get(root(i), 0), blocks[i])
+    lanes, lane_of, at, current = [], {}, 0, None
+    for i in order:
+        if wave[i] != current:
+            current, at = wave[i], 0
+        if root(i) not in lane_of:
+            lane_of[root(i)], at = at % grid, at + width[root(i)]
+        lanes.append(lane_of[root(i)])
     return Waves(order, lanes)
-
-
-def count(waves: list[int]) -> int:
-    """How many waves ``levels`` found."""
-    return max(waves, default=-1) + 1

@@ -1,0 +1,148 @@
+"""Waves in a stitched kernel (``stitch.waves``): independent stages side by side on their own
+lanes, one barrier per wave; a stacked LSTM as a wavefront (with ``transforms.step_slices``)."""
+
+import dataclasses
+
+import pytest
+
+from souffle_tvm.core.ir_names import STAGE_LANE
+from souffle_tvm.core.targets import make_target
+from souffle_tvm.frontend.importer import import_onnx
+from souffle_tvm.pipeline import results as pipeline
+from souffle_tvm.pipeline.options import Options
+from souffle_tvm.stitch import dependence, kernel, kernel_ir, rolling, waves
+from souffle_tvm.zoo import lstm
+from conftest import emulated_comparisons, race_checked_in_orders
+from test_lstm import lstm_model
+
+CUDA = make_target("cuda")
+
+
+def test_levels_put_each_stage_one_after_what_it_depends_on():
+    # two chains a0 -> a1 -> a2 and b0 -> b1 given one after the other; c overwrites what a1 read
+    args = [["x", "a0"], ["a0", "a1"], ["a1", "a2"], ["y", "b0"], ["b0", "b1"], ["a0"]]
+    access = [([True, False], [False, True]), ([True, False], [False, True]), ([True, False], [False, True]),
+              ([True, False], [False, True]), ([True, False], [False, True]), ([False], [True])]
+    assert waves.levels(args, access) == [0, 1, 2, 0, 1, 2]
+    plan = waves.schedule(args, access, [3, 2, 1, 4, 1, 5], grid=8)
+    assert plan.order == [0, 3, 1, 4, 2, 5]
+    # each wave's stages start where the previous one's blocks end, modulo the grid
+    assert plan.lanes == [0, 3, 0, 2, 0, 1]
+
+
+def _souffle(model):
+    m = import_onnx(model)
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+
+
+def _lanes(func) -> list[int]:
+    return [int(s.annotations.get(STAGE_LANE, 0)) for s in kernel_ir.stage_loops(rolling.unroll(func))
+            if hasattr(s, "annotations") and "souffle.stage_blocks" in s.annotations]
+
+
+def _checked(m, souffle):
+    for c in emulated_comparisons(m, souffle.mod, souffle.params):
+        assert c.finite and c.rel_l2 < 1e-5, f"emulated {c.name}: {c.rel_l2:.2e}"
+    for order, report, comparisons in race_checked_in_orders(m, souffle):
+        assert report.ok, f"{order}: {report}"
+        assert all(c.rel_l2 < 1e-5 for c in comparisons), order
+
+
+@pytest.fixture(scope="module")
+def stacked():
+    return _souffle(lstm.build(lstm.SMALL))      # 2 layers x 8 steps
+
+
+def test_a_stacked_lstm_is_one_wavefront_kernel(stacked, monkeypatch):
+    m, souffle = stacked
+    [k] = souffle.stitched
+    layers, steps = lstm.SMALL.layers, lstm.SMALL.steps
+    # layer by layer (the order the partitioner gives) the same stages need 31 grid syncs, two a
+    # cell; by waves the cells of both layers share them: at most two a wave
+    monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
+    [serial] = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
+    assert sorted(serial.stages) == sorted(k.stages)
+    assert serial.grid_syncs >= 2 * layers * steps - 1
+    assert k.grid_syncs <= 2 * (layers + steps - 1) < serial.grid_syncs
+    assert k.safety.ok
+    # the steady waves are one loop, its lanes in its body
+    func = souffle.mod[k.function]
+    rolled = [s for s in kernel_ir.stage_loops(func) if hasattr(s, "annotations") and rolling.ROLLED in s.annotations]
+    assert rolled and any(_lanes(func))
+    _checked(m, souffle)
+
+
+def _bidirectional():
+    # batch 16, hidden 64: the cell's stages have several tiles, so a lane moves real work
+    return lstm_model(seq=4, batch=16, d_in=8, hidden=64, direction="bidirectional")
+
+
+def test_bidirectional_directions_run_side_by_side(monkeypatch):
+    m, souffle = _souffle(_bidirectional())
+    [k] = souffle.stitched
+    assert k.safety.ok and any(_lanes(souffle.mod[k.function]))
+    monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
+    [serial] = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
+    assert k.grid_syncs < serial.grid_syncs       # one direction after the other: each step its own
+    _checked(m, souffle)
+
+
+def test_lanes_ignored_by_the_dependence_proof_are_caught(monkeypatch):
+    """The planted fault: a dependence across lanes proved block-local as if both stages ran vb
+    on one block. The stitcher then leaves out grid syncs the kernel needs; the emulator or the
+    race checker must see it (the static check asks the same faulty proof)."""
+    real = dependence.barrier_needed
+    monkeypatch.setattr(dependence, "barrier_needed",
+                        lambda w, wb, r, rb: real(dataclasses.replace(w, lane=0), wb, dataclasses.replace(r, lane=0), rb))
+    # (one-tile cells: where the proof's one-block rule would call a cross-lane dependence local)
+    m, souffle = _souffle(lstm_model(seq=6, batch=2, d_in=8, hidden=16, direction="bidirectional"))
+    monkeypatch.setattr(dependence, "barrier_needed", real)
+    bad = [c for c in emulated_comparisons(m, souffle.mod, souffle.params) if not c.rel_l2 < 1e-5]
+    races = [r for _, r, _ in race_checked_in_orders(m, souffle) if not r.ok]
+    assert bad or races
+
+
+def test_a_lane_dropped_from_a_stage_body_is_caught(monkeypatch):
+    """The planted fault: a stage's blocks walked from its lane (its trip count) but its tiles
+    indexed from block 0: tiles go missing."""
+    real = kernel._stage_body
+    monkeypatch.setattr(kernel, "_stage_body",
+                        lambda st, view, *a: real(st, dataclasses.replace(view, lane=0), *a))
+    m, souffle = _souffle(_bidirectional())
+    bad = [c for c in emulated_comparisons(m, souffle.mod, souffle.params) if not c.rel_l2 < 1e-5]
+    assert bad
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_real_exports_form_waves(name, monkeypatch):
+    """PyTorch's own exports: a 2-layer LSTM (stacked: the step takes move to layer 0's concat)
+    and a bidirectional GRU (its directions side by side)."""
+    import torch_models as tm
+
+    m = import_onnx(tm.export(name, "legacy"), shapes=tm.input_shapes(name))
+    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    assert all(k.safety.ok for k in souffle.stitched)
+    monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
+    serial = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
+    assert sum(k.grid_syncs for k in souffle.stitched) < sum(k.grid_syncs for k in serial)
+    monkeypatch.undo()
+    _checked(m, souffle)
+
+
+def test_a_wave_is_priced_as_its_slowest_stage(stacked):
+    """Stages of one phase run at once: the kernel takes the slowest, not the sum (a planted
+    ``in_phases`` that adds them up fails here)."""
+    from souffle_tvm.cost import hardware, latency
+    from souffle_tvm.cost.work import Stage
+
+    gpu = hardware.for_arch("sm_90")
+    stage = Stage(4, 256, 1 << 20, 1 << 20)
+    two = latency.Kernel("k", 8, 256, 64, 0, (stage, stage), grid_syncs=1)
+    alone = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, stages=(stage,)))   # the same sync
+    serial = latency.kernel_time(gpu, latency.FITTED, two)
+    beside = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, phases=(0, 0)))
+    assert beside.seconds == pytest.approx(alone.seconds)
+    assert beside.seconds < serial.seconds
+    # the stacked LSTM's kernel records its waves' phases: some stages share one
+    [k] = stacked[1].stitched
+    assert len(k.phases) == len(k.stages) and len(set(k.phases)) < len(k.phases)
