@@ -26,8 +26,12 @@ def test_levels_put_each_stage_one_after_what_it_depends_on():
     assert waves.levels(args, access) == [0, 1, 2, 0, 1, 2]
     plan = waves.schedule(args, access, [3, 2, 1, 4, 1, 5], grid=8)
     assert plan.order == [0, 3, 1, 4, 2, 5]
-    # each wave's stages start where the previous one's blocks end, modulo the grid
-    assert plan.lanes == [0, 3, 0, 2, 0, 1]
+    # a chain stays on its blocks where they are free (b1 on b0's lane 3, a1 and a2 on a0's);
+    # a stage with no producer starts where the wave's placed stages end (c after a2)
+    assert plan.lanes == [0, 3, 0, 3, 0, 1]
+    # with every dependence block-local, each chain is one strand in one wave
+    local = waves.levels(args, access, crosses=lambda j, i, k: False)
+    assert local == [0, 0, 0, 0, 0, 1]
 
 
 def _souffle(model):

@@ -213,7 +213,7 @@ def _add_stitched(facts: BuildFacts, result: BuildResult, stitched: list, unstit
             kf.prefetched_bytes = sk.prefetched_bytes or None
             kf.min_blocks = sk.min_blocks
             kf.stage_plan = stage_plan(result, sk, stage_funcs)
-            kf.phases = list(sk.phases) or None
+            kf.phases = list(sk.phases) if len(set(sk.phases)) < len(sk.phases) else None     # stages side by side
             kf.bytes = sum(p.stage.bytes for p in kf.stage_plan)     # its stages' footprints
             kf.on_chip = {"stages": sum(bool(p) for p in sk.onchip), "channel_bytes": sk.onchip_bytes,
                           "resident_inputs": list(sk.resident_inputs), "resident_bytes": sk.resident_bytes,

@@ -378,9 +378,10 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
                                  s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes,
                                  s.get("shared_wavefronts") or 0.0, s.get("k_steps") or 0, s.get("sectors") or 0.0)
                            for s in plan)
+            phases = tuple(s["phase"] for s in plan) if all("phase" in s for s in plan) else None
             out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, stages,
                               r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph"),
-                              _counts(r)))
+                              _counts(r), phases))
         else:
             st = Stage(grid, threads, r["bytes"], r["flops"], bool(r.get("tensor_core")),
                        r.get("written_bytes") or 0, r.get("elem_bytes") or elem_bytes)

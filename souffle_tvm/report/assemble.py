@@ -27,8 +27,9 @@ def render(facts: BuildFacts) -> Report:
                          prefetched_bytes=k.prefetched_bytes, tensor_core=k.tensor_core,
                          written_bytes=k.written_bytes, elem_bytes=k.elem_bytes,
                          stage_plan=[{**dataclasses.asdict(p.stage), **({"onchip_bytes": p.onchip_bytes}
-                                                                         if p.onchip_bytes else {})}
-                                     for p in k.stage_plan] if k.stage_plan is not None else None,
+                                                                         if p.onchip_bytes else {}),
+                                      **({"phase": k.phases[i]} if k.phases else {})}
+                                     for i, p in enumerate(k.stage_plan)] if k.stage_plan is not None else None,
                          launches_outside_graph=k.launches_outside_graph, min_blocks=k.min_blocks,
                          on_chip=k.on_chip, block_counts=k.counts.as_dict() if k.counts else None)
             for k in facts.kernels]

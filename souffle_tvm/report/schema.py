@@ -92,6 +92,7 @@ class KernelReport:
     written_bytes: int | None = None     # of ``bytes``, what it stores (sizes a contraction's operand traffic)
     elem_bytes: int | None = None        # element size of what it stores
     stage_plan: list[dict] | None = None  # stitched kernels: per stage tiles, threads, bytes, flops, tensor_core
+    #                                       (and "phase" where stages run side by side, ``stitch.waves``)
     launches_outside_graph: int | None = None  # built with CUDA graphs: launches TVM's rewriting left outside them
     min_blocks: int | None = None        # stitched kernels with a register cap: __launch_bounds__ minimum blocks per SM
     on_chip: dict | None = None          # stitched kernels: what stays on chip (stages reading it there, bytes a block holds)

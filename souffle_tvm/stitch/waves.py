@@ -58,8 +58,9 @@ def schedule(args: list[list[Hashable]], access: list[tuple[list[bool], list[boo
              grid: int, crosses: Callable[[int, int, Hashable], bool] = lambda j, i, k: True) -> Waves:
     """The stages ordered by wave, and their lanes. In a wave, the stages linked by block-local
     dependences form a *strand* (one chain's run between grid syncs), kept together in their
-    given order on one lane; the strands one after another on the grid, each starting where the
-    previous one's blocks end (modulo the grid)."""
+    given order on one lane. A strand takes the lane of the strand it reads most from where
+    those blocks are free in its wave (``_preferred``), else starts where the wave's strands
+    placed so far end (modulo the grid)."""
     wave = levels(args, access, crosses)
     strand = list(range(len(wave)))
 
@@ -70,25 +71,57 @@ def schedule(args: list[list[Hashable]], access: list[tuple[list[bool], list[boo
         return i
 
     writer: dict = {}
+    feeds: dict = {}        # stage -> {producer stage: keys it reads from it}
     for i, (keys, (reads, writes)) in enumerate(zip(args, access)):
         for k, r, w in zip(keys, reads, writes):
-            if r and k in writer and wave[writer[k]] == wave[i]:
-                strand[root(i)] = root(writer[k])
+            if r and k in writer:
+                feeds.setdefault(i, {}).setdefault(writer[k], 0)
+                feeds[i][writer[k]] += 1
+                if wave[writer[k]] == wave[i]:
+                    strand[root(i)] = root(writer[k])
         for k, w in zip(keys, writes):
             if w:
                 writer[k] = i
-    first = {}
+    first: dict = {}
     for i in range(len(wave)):
         first.setdefault(root(i), i)
     order = sorted(range(len(wave)), key=lambda i: (wave[i], first[root(i)], i))
     width: dict = {}
+    members: dict = {}
     for i in order:
         width[root(i)] = max(width.get(root(i), 0), blocks[i])
-    lanes, lane_of, at, current = [], {}, 0, None
+        members.setdefault(root(i), []).append(i)
+    lane_of: dict = {}
+    taken: list = []        # this wave's placed strands: (lane, width)
+    current = None
     for i in order:
+        r = root(i)
         if wave[i] != current:
-            current, at = wave[i], 0
-        if root(i) not in lane_of:
-            lane_of[root(i)], at = at % grid, at + width[root(i)]
-        lanes.append(lane_of[root(i)])
-    return Waves(order, lanes)
+            current, taken = wave[i], []
+        if r not in lane_of:
+            lane_of[r] = _place(_preferred(r, members[r], feeds, root, lane_of),
+                                width[r], taken, grid)
+            taken.append((lane_of[r], width[r]))
+    return Waves(order, [lane_of[root(i)] for i in order])
+
+
+def _preferred(strand: int, stages: list[int], feeds: dict, root: Callable[[int], int], lane_of: dict) -> list[int]:
+    """The lanes of the strands ``strand`` reads from, most keys first: where a chain continues
+    on the blocks it ran on, its reads of itself stay block-local (an LSTM layer's c and h)."""
+    count: dict = {}
+    for i in stages:
+        for j, n in feeds.get(i, {}).items():
+            if root(j) != strand and root(j) in lane_of:
+                count[lane_of[root(j)]] = count.get(lane_of[root(j)], 0) + n
+    return sorted(count, key=lambda lane: -count[lane])
+
+
+def _place(preferred: list[int], width: int, taken: list, grid: int) -> int:
+    """The first preferred lane whose blocks no strand of the wave has taken, else the first lane
+    after them all (modulo the grid)."""
+    def free(lane: int) -> bool:
+        return lane + width <= grid and all(lane + width <= a or a + w <= lane for a, w in taken)
+    for lane in preferred:
+        if free(lane):
+            return lane
+    return max((a + w for a, w in taken), default=0) % grid
