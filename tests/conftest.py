@@ -1,4 +1,3 @@
-import contextlib
 import os
 import shutil
 import subprocess
@@ -73,21 +72,6 @@ def run_and_compare(compiled, seed: int = 0):
     outs = runner.run_vm(compiled.executable, compiled.model.params, runner.check_feeds(compiled.model.inputs, feeds))
     _, ref = runner.reference_outputs(compiled.model.onnx_model, feeds)
     return runner.compare(compiled.model.outputs, outs, ref)
-
-
-@contextlib.contextmanager
-def layer_by_layer():
-    """Stitching keeps the partitioner's order (no ``stitch.waves``) and step takes stay where
-    the importer put them (no ``transforms.step_slices``): a stacked recurrence's layers one
-    after another, the form the rolling, resident-copy and pricing tests of the LSTM were
-    written for (the wavefront form has its own, ``test_waves``)."""
-    from souffle_tvm.stitch import kernel
-    from souffle_tvm.transforms import step_slices
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
-        patch.setattr(step_slices, "sink", lambda mod: (mod, 0))
-        yield
 
 
 def emulated_comparisons(m, mod, params, seed: int = 0):

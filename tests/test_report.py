@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import layer_by_layer, needs_nvcc
+from conftest import needs_nvcc
 from souffle_tvm import Report
 from souffle_tvm.pipeline.driver import compile as compile_model
 
@@ -115,8 +115,7 @@ ptxas info    : Used 40 registers, used 1 barriers, 8 bytes cumulative stack siz
 def test_stitched_totals_add_up_the_kernels():
     """The report's bytes and flops are its kernels' (a stitched kernel counts each stage call:
     the LSTM's recurrent GEMV function runs once per time step)."""
-    with layer_by_layer():      # the structure counted below: each layer's input projection one GEMM
-        r = compile_model("lstm", "cuda", "souffle", small=True, level="v3", nvcc=False).report
+    r = compile_model("lstm", "cuda", "souffle", small=True, level="v3", nvcc=False).report
     v2 = compile_model("lstm", "cuda", "souffle", small=True, level="v2", nvcc=False).report
     # Counted from the LSTM's structure (2 layers, 8 steps, batch 2, features = hidden = 16, so 64
     # gate columns), not from the report's own sum. GEMMs: the input projection of each layer

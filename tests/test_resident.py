@@ -14,7 +14,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.script import tirx as T
 
-from conftest import layer_by_layer, race_checked_in_orders
+from conftest import race_checked_in_orders
 from test_traffic import _held, _souffle_report
 from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
@@ -116,8 +116,7 @@ def lstm(tmp_path_factory):
     path = tmp_path_factory.mktemp("lstm") / "lstm_b1.onnx"
     onnx.save(lstm_zoo.build(lstm_zoo.LSTMConfig(layers=2, steps=8, hidden=16, features=16, batch=1)), str(path))
     m = import_onnx(str(path))
-    with layer_by_layer():      # one layer after the other: both copies in one buffer
-        return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
 def test_each_lstm_layer_keeps_its_recurrent_weights_on_chip(lstm):

@@ -19,7 +19,7 @@ from souffle_tvm.stitch.module import stitch_module
 from souffle_tvm.core.ir_names import STAGE_BLOCKS
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.core.targets import make_target
-from conftest import emulated_comparisons, layer_by_layer, needs_nvcc
+from conftest import emulated_comparisons, needs_nvcc
 
 CUDA = make_target("cuda")
 
@@ -27,8 +27,7 @@ CUDA = make_target("cuda")
 @pytest.fixture(scope="module")
 def lstm():
     m = import_onnx("lstm", small=True)          # 2 layers x 8 steps
-    with layer_by_layer():      # (test_waves rolls the wavefront form)
-        return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
 
 
 def _rolled(func) -> list:
@@ -177,8 +176,7 @@ def test_a_shared_stack_builds_with_nvcc_without_spills():
     the space of GEMM tiles not live while they are: the source names no stack of its own.)"""
     import re
     from souffle_tvm.pipeline.driver import compile as compile_model
-    with layer_by_layer():
-        c = compile_model("lstm", "cuda", "souffle", small=True, level="v3")
+    c = compile_model("lstm", "cuda", "souffle", small=True, level="v3")
     [k] = [k for k in c.report.kernels if k.cooperative]
     assert k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
     [signature] = set(re.findall(r"void __launch_bounds__\(\d+\) souffle_stitched_0_kernel\(([^)]*)\)", c.cuda_source))

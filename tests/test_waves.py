@@ -16,6 +16,7 @@ from conftest import emulated_comparisons, race_checked_in_orders
 from test_lstm import lstm_model
 
 CUDA = make_target("cuda")
+WAVES = Options(level="v3", waves=True)      # step takes moved: a stacked recurrence's cells form waves
 
 
 def test_levels_put_each_stage_one_after_what_it_depends_on():
@@ -34,9 +35,9 @@ def test_levels_put_each_stage_one_after_what_it_depends_on():
     assert local == [0, 0, 0, 0, 0, 1]
 
 
-def _souffle(model):
+def _souffle(model, options: Options = WAVES):
     m = import_onnx(model)
-    return m, pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    return m, pipeline.run(m.mod, CUDA, m.params, options)
 
 
 def _lanes(func) -> list[int]:
@@ -68,7 +69,7 @@ def test_a_stacked_lstm_is_one_wavefront_kernel(stacked, monkeypatch):
     # by waves the cells of both layers share them: one a wave (layers + steps - 1 waves),
     # and one after the first layer's input projection
     monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
-    [serial] = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
+    [serial] = pipeline.run(m.mod, CUDA, m.params, WAVES).stitched
     assert sorted(serial.stages) == sorted(k.stages)
     assert serial.grid_syncs >= layers * steps
     assert k.grid_syncs <= layers + steps < serial.grid_syncs
@@ -86,7 +87,7 @@ def _bidirectional():
 
 
 def test_bidirectional_directions_run_side_by_side(monkeypatch):
-    m, souffle = _souffle(_bidirectional())
+    m, souffle = _souffle(_bidirectional(), Options(level="v3"))     # no step takes to move: the default
     [k] = souffle.stitched
     assert k.safety.ok and any(_lanes(souffle.mod[k.function]))
     monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
@@ -128,10 +129,10 @@ def test_real_exports_form_waves(name, monkeypatch):
     import torch_models as tm
 
     m = import_onnx(tm.export(name, "legacy"), shapes=tm.input_shapes(name))
-    souffle = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    souffle = pipeline.run(m.mod, CUDA, m.params, WAVES)
     assert all(k.safety.ok for k in souffle.stitched)
     monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
-    serial = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
+    serial = pipeline.run(m.mod, CUDA, m.params, WAVES).stitched
     assert sum(k.grid_syncs for k in souffle.stitched) < sum(k.grid_syncs for k in serial)
     monkeypatch.undo()
     _checked(m, souffle)
@@ -148,9 +149,35 @@ def test_a_wave_is_priced_as_its_slowest_stage(stacked):
     two = latency.Kernel("k", 8, 256, 64, 0, (stage, stage), grid_syncs=1)
     alone = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, stages=(stage,)))   # the same sync
     serial = latency.kernel_time(gpu, latency.FITTED, two)
-    beside = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, phases=(0, 0)))
+    beside = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, phases=((0, 0), (0, 4))))
+    after = latency.kernel_time(gpu, latency.FITTED, dataclasses.replace(two, phases=((0, 0), (0, 0))))
+    assert after.seconds == pytest.approx(serial.seconds)       # one lane: one after the other
     assert beside.seconds == pytest.approx(alone.seconds)
     assert beside.seconds < serial.seconds
-    # the stacked LSTM's kernel records its waves' phases: some stages share one
+    # the stacked LSTM's kernel records its waves' lanes: some segment runs two side by side
     [k] = stacked[1].stitched
-    assert len(k.phases) == len(k.stages) and len(set(k.phases)) < len(k.phases)
+    assert len(k.phases) == len(k.stages) and any(lane for _, lane in k.phases)
+
+
+def test_waves_where_they_cannot_apply_are_refused():
+    """``waves`` moves step takes for the budget partitioner's stitched kernels: on llvm, at
+    level auto (the time partitioner, which does not price waves) or below v3 it is refused in
+    one line, never ignored."""
+    from souffle_tvm.errors import OptionsError
+
+    for options, target in ((WAVES, make_target("llvm")), (Options(level="auto", waves=True), CUDA),
+                            (Options(level="v2", waves=True), CUDA)):
+        with pytest.raises(OptionsError, match="waves") as err:
+            options.check(target)
+        assert "\n" not in str(err.value)
+
+
+def test_a_deep_stack_whose_waves_do_not_roll_keeps_the_layer_order():
+    """Ten layers: the wave kernel's first and last waves stay written out (more stage loops than
+    the partitioner sizes a kernel for), and with the step takes moved the layers' steps do not
+    roll either: the pipeline runs again without waves rather than build that."""
+    m = import_onnx(lstm.build(lstm.LSTMConfig(layers=10, steps=6, hidden=16, features=16, batch=1)))
+    souffle = pipeline.run(m.mod, CUDA, m.params, WAVES)
+    plain = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
+    assert souffle.options.waves is False
+    assert [(k.stages, k.grid_syncs) for k in souffle.stitched] == [(k.stages, k.grid_syncs) for k in plain.stitched]

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-traffic-compare": ("bench_traffic_compare", "the traffic columns of two bench.json side by side"),
     "bench-tune": ("bench_tune", "default vs MetaSchedule-tuned stages on the CPU (llvm)"),
     "compile-time": ("compile_time", "compile time of the default against --fusion tvm, per zoo model (runner spec)"),
+    "constant-sets": ("constant_sets", "saved reports priced under the fitted and every leave-one-model-out constant set"),
     "conformance": ("onnx_conformance", "ONNX's conformance suite (BackendTest) on llvm, both fusions"),
     "estimate-error": ("estimate_error", "the static resource estimate against ptxas, per stitched kernel"),
     "fetch-counted": ("fetch_counted", "counted traffic of the default build at this checkout (runner spec)"),

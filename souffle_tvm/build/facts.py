@@ -59,7 +59,7 @@ class KernelFacts:
     min_blocks: int | None = None
     stage_plan: list[PlannedStage] | None = None
     on_chip: dict | None = None
-    phases: list[int] | None = None     # per stage: stages of one phase run at once (``stitch.waves``)
+    phases: list[tuple[int, int]] | None = None   # per stage: (segment between grid syncs, lane) (``stitch.waves``)
 
     def cost_kernel(self) -> latency.Kernel:
         """The latency model's kernel: a stitched kernel's planned stages, else one stage of its
@@ -213,7 +213,8 @@ def _add_stitched(facts: BuildFacts, result: BuildResult, stitched: list, unstit
             kf.prefetched_bytes = sk.prefetched_bytes or None
             kf.min_blocks = sk.min_blocks
             kf.stage_plan = stage_plan(result, sk, stage_funcs)
-            kf.phases = list(sk.phases) if len(set(sk.phases)) < len(sk.phases) else None     # stages side by side
+            # where some segment runs lanes side by side (``stitch.waves``)
+            kf.phases = [tuple(p) for p in sk.phases] if any(lane for _, lane in sk.phases) else None
             kf.bytes = sum(p.stage.bytes for p in kf.stage_plan)     # its stages' footprints
             kf.on_chip = {"stages": sum(bool(p) for p in sk.onchip), "channel_bytes": sk.onchip_bytes,
                           "resident_inputs": list(sk.resident_inputs), "resident_bytes": sk.resident_bytes,

@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--off-chip", action="store_true",
                    help="--fusion souffle: keep every intermediate and weight in global memory (no on-chip "
                         "channels, row chains, prologues, window chains or resident weights), for comparison")
+    p.add_argument("--waves", action="store_true",
+                   help="--level v3/v4 on CUDA: a stacked recurrence (LSTM, GRU) as a wavefront, cell (l, t) "
+                        "beside (l-1, t+1) behind one barrier a wave; deep stacks whose waves do not roll keep "
+                        "the layer order")
     p.add_argument("--count-traffic", action="store_true",
                    help="CUDA: run the built kernels in the GPU emulator (on the CPU) and report the traffic they "
                         "execute beside the analytic bytes: distinct bytes, 32-byte sectors per warp request "
@@ -218,7 +222,7 @@ def cmd_compile(args) -> int:
                              reduction=args.reduction, database=args.database, bind=parse_bind(args.bind),
                              cuda_graph=args.cuda_graph, gemm_tile=args.gemm_tile, count_traffic=args.count_traffic,
                              onchip=not args.off_chip, measure=args.measure, rpc_tracker=args.rpc_tracker,
-                             rpc_key=args.rpc_key)
+                             rpc_key=args.rpc_key, waves=args.waves)
     print(compiled.report.table())
     if compiled.report.counted:
         c = compiled.report.counted

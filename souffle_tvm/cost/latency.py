@@ -124,7 +124,7 @@ class Kernel:
     launches: int = 1
     uncaptured: int | None = None   # under TVM's CUDA-graph rewriting: launches left outside its graphs
     counts: BlockCounts | None = None   # what one block executes, from its lowered TIR
-    phases: tuple[int, ...] | None = None   # per stage: stages of one phase run at once, on disjoint blocks
+    phases: tuple[tuple[int, int], ...] | None = None   # per stage: (segment between grid syncs, lane)
 
     @classmethod
     def single(cls, name: str, grid: int, threads: int, registers: int | None, shared_bytes: int,
@@ -312,14 +312,18 @@ def kernel_time(gpu: GPU, c: Constants, kernel: Kernel) -> KernelTime:
 
 
 def in_phases(kernel: Kernel, values: list[float]) -> float:
-    """Per-stage figures added up in sequence, the stages of one phase (``Kernel.phases``: a
-    wave's stages on disjoint blocks, ``stitch.waves``) counting as the largest of them."""
+    """Per-stage figures added up in sequence, except that in a segment between grid syncs the
+    lanes (``Kernel.phases``: a wave's chains on disjoint blocks, ``stitch.waves``) run at
+    once: a segment takes its slowest lane's sum."""
     if not kernel.phases:
         return sum(values)
-    top: dict = {}
-    for phase, v in zip(kernel.phases, values):
-        top[phase] = max(top.get(phase, 0.0), v)
-    return sum(top.values())
+    lanes: dict = {}
+    for (segment, lane), v in zip(kernel.phases, values):
+        lanes[(segment, lane)] = lanes.get((segment, lane), 0.0) + v
+    slowest: dict = {}
+    for (segment, _), v in lanes.items():
+        slowest[segment] = max(slowest.get(segment, 0.0), v)
+    return sum(slowest.values())
 
 
 def kernel_floor(gpu: GPU, kernel: Kernel, slots: int, stages: tuple[StageTime, ...]) -> tuple[str | None, float]:
@@ -378,7 +382,7 @@ def kernels_from_rows(rows: list[dict], elem_bytes: int = 4) -> list[Kernel]:
                                  s.get("written_bytes") or 0, s.get("elem_bytes") or r.get("elem_bytes") or elem_bytes,
                                  s.get("shared_wavefronts") or 0.0, s.get("k_steps") or 0, s.get("sectors") or 0.0)
                            for s in plan)
-            phases = tuple(s["phase"] for s in plan) if all("phase" in s for s in plan) else None
+            phases = tuple(tuple(s["phase"]) for s in plan) if all("phase" in s for s in plan) else None
             out.append(Kernel(r["name"], grid, threads, r.get("registers"), r.get("shared_bytes") or 0, stages,
                               r.get("grid_syncs") or 0, r["launches"], r.get("launches_outside_graph"),
                               _counts(r), phases))

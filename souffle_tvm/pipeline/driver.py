@@ -58,7 +58,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
             partitioner: str | None = None, reduction: str = "deterministic",
             database: str | None = None, bind: dict | None = None, cuda_graph: bool = False,
             gemm_tile: int | None = None, count_traffic: bool = False, onchip: bool = True,
-            measure: bool | None = None, rpc_tracker: str | None = None, rpc_key: str | None = None) -> Compiled:
+            measure: bool | None = None, rpc_tracker: str | None = None, rpc_key: str | None = None,
+            waves: bool = False) -> Compiled:
     """Compile an ONNX file, ModelProto or zoo model name; returns a :class:`Compiled`.
 
     ``fusion="tvm"`` is TVM's default Relax pipeline (FuseOps + dlight). ``fusion="souffle"``
@@ -69,7 +70,7 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     latency model predicts it faster under a CUDA graph, returned instead, the report's
     ``fallback`` saying so with both figures (never a build predicted slower than TVM's). A model that cannot be
     lowered to one TEProgram falls back to TVM's path and the report's ``fallback`` says why.
-    ``gemm_k_tile``, ``gemm_tile``, ``partitioner``, ``reduction``, ``database``, ``onchip``: see :class:`Options`.
+    ``gemm_k_tile``, ``gemm_tile``, ``partitioner``, ``reduction``, ``database``, ``onchip``, ``waves``: see :class:`Options`.
     ``bind``: model inputs fixed to values at compile time ({name: value}; ``frontend.binding``).
     ``cuda_graph``: build with TVM's CUDA-graph rewriting (``build.cuda_graph``; CUDA only).
     ``count_traffic``: run the built kernels in the GPU emulator and put the counted traffic
@@ -82,7 +83,8 @@ def compile(model, target: str | tvm.target.Target = "cuda", fusion: str = "tvm"
     constants, the build of least worst-case regret is kept and the report says so.
     """
     tgt = target if isinstance(target, tvm.target.Target) else make_target(target, arch)
-    options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile, onchip).check(tgt)
+    options = Options(fusion, level, partitioner, reduction, gemm_k_tile, database, nvcc, gemm_tile, onchip,
+                      waves).check(tgt)
     if (measure or rpc_tracker or rpc_key) and not (level == AUTO and fusion == "souffle"):
         raise OptionsError("--measure and --rpc-tracker choose among the candidates of --fusion souffle --level auto "
                            f"(given --fusion {fusion} --level {level})")

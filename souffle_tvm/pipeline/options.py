@@ -55,7 +55,11 @@ class Options:
     rows on chip, a prologue or a window chain (``partition.kernels``) keeps its tensor in the
     consuming GEMM's or window's shared memory, and a weight several stages re-read is copied into each block's shared memory
     once (``stitch.resident``: an LSTM layer's recurrent weights); off, every intermediate and
-    weight goes through global memory (to compare)."""
+    weight goes through global memory (to compare). ``waves`` (v3/v4 with the budget
+    partitioner, CUDA): a stacked recurrence as a wavefront, its step takes moved to the concats
+    they read (``transforms.step_slices``) so that cell (l, t) shares its waves with (l-1, t+1)
+    (``stitch.waves``); off by default while a wave kernel's first and last waves stay written
+    out (deep stacks keep the layer order, whose steps roll)."""
 
     fusion: str = "souffle"
     level: str = "v2"
@@ -66,6 +70,7 @@ class Options:
     nvcc: bool = True
     gemm_tile: int | None = None
     onchip: bool = True
+    waves: bool = False
 
     def resolved(self) -> "Options":
         """``auto`` as the level it stands for (v3, time-driven unless a partitioner is given)."""
@@ -89,6 +94,9 @@ class Options:
             raise OptionsError("atomic two-phase reductions are a CUDA option (the CPU twin is deterministic)")
         if self.database is not None and self.fusion != "souffle":
             raise OptionsError("--database applies tuned Souffle stages: use it with --fusion souffle")
+        if self.waves and not (self.stitches(target) and self.partitioner == "budget"):
+            raise OptionsError("waves (a stacked recurrence as a wavefront) apply to stitched kernels: "
+                               "--level v3 or v4 on CUDA, with the budget partitioner")
         return self
 
     def stitches(self, target: tvm.target.Target) -> bool:
@@ -97,10 +105,10 @@ class Options:
 
     def step_slices(self, target: tvm.target.Target) -> bool:
         """Whether step takes move to the concats they read (``transforms.step_slices``), so a
-        stacked recurrence's cells can form waves: where stitching partitions by budget. The
-        time-driven partitioner does not price a kernel's waves yet, and would cut the per-step
-        input projections into kernels of their own."""
-        return self.stitches(target) and self.partitioner == "budget"
+        stacked recurrence's cells can form waves: with ``waves``, where stitching partitions by
+        budget (the time-driven partitioner does not price a kernel's waves yet, and would cut
+        the per-step input projections into kernels of their own)."""
+        return self.waves and self.stitches(target) and self.partitioner == "budget"
 
 
 @dataclass(frozen=True)

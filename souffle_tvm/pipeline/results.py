@@ -15,6 +15,7 @@ import tvm
 
 from ..codegen.database import open_database
 from ..partition.groups import Partition
+from ..partition.subprograms import MAX_GROUPS_PER_SUBPROGRAM
 from ..te import program as te_program
 from ..transforms import step_slices
 from ..transforms.horizontal import HorizontalResult
@@ -55,13 +56,18 @@ def run(mod: tvm.IRModule, target: tvm.target.Target, params: list, options: Opt
     options = (options or Options()).check(target)
     feedback = feedback or Feedback()
     database = open_database(options.database) if options.database is not None else None
-    mod = step_slices.sink(mod)[0] if options.step_slices(target) else mod     # as LowerToTE does
-    mod = passes.with_program(mod, te_program.lower(mod, weight_values=params))
+    sunk = step_slices.sink(mod)[0] if options.step_slices(target) else mod     # as LowerToTE does
+    sunk = passes.with_program(sunk, te_program.lower(sunk, weight_values=params))
     with tvm.transform.PassContext(opt_level=3):
         # no entry check: the driver always builds with the cooperative TIR pipeline
         out = passes.SoufflePipeline(target, params, options, lower=False, database=database,
-                                     feedback=feedback, cooperative_guard=False)(mod)
-    return _collect(out, options, feedback)
+                                     feedback=feedback, cooperative_guard=False)(sunk)
+    souffle = _collect(out, options, feedback)
+    if options.waves and any(k.written_out > MAX_GROUPS_PER_SUBPROGRAM for k in souffle.stitched):
+        # the waves did not roll, and with the step takes moved the layers' steps do not either
+        # (each reads the layer below's, made outside its run): the layer order, as without waves
+        return run(mod, target, params, dataclasses.replace(options, waves=False), feedback)
+    return souffle
 
 
 def _collect(out: tvm.IRModule, options: Options, feedback: Feedback) -> SouffleModule:

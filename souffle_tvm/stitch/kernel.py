@@ -23,11 +23,13 @@ import tvm_ffi
 from tvm import tirx
 
 from . import channel, dependence, resident, rolling, waves
-from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name
+from .kernel_ir import (ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name,
+                        stage_loops)
 from .lower import LoweredStage, wide_thread
 from ..cost import estimate, tir_stats
 from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_LANE, STAGE_THREADS
 from ..errors import StitchError
+from ..partition.subprograms import MAX_GROUPS_PER_SUBPROGRAM
 from ..te.rewrite import cast_like
 
 
@@ -39,13 +41,14 @@ class Stitched(NamedTuple):
     order: list[int]               # per stage in kernel order: its index in ``stages`` as given
     residents: list                # the inputs each block keeps a copy of (``resident.Resident``)
     onchip_stacks: list            # ``rolling.Stack``s in shared memory: a rolled run's channels, one per slot
-    phases: list[int]              # per stage in kernel order: stages of one phase run at once, on disjoint blocks
+    phases: list[tuple[int, int]]  # per stage in kernel order: (segment between grid syncs, lane) (``_phases``)
 
 
 def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, name: str = "souffle_kernel",
            target: tvm.target.Target | None = None, param_keys: list | None = None,
            stackable: Callable[[Hashable], bool] | None = None,
-           min_blocks: int | None = None, private: Callable[[Hashable], bool] | None = None) -> Stitched:
+           min_blocks: int | None = None, private: Callable[[Hashable], bool] | None = None,
+           waves_allowed: bool = True) -> Stitched:
     """One PrimFunc running ``stages`` in order on ``grid`` × ``block`` threads.
 
     ``args[i][j]`` identifies stage i's j-th parameter at the call site (any hashable key);
@@ -62,6 +65,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     are no parameters either, except a ``dual`` one's). ``min_blocks``: the register cap, as the blocks per SM
     nvcc must leave room for (``MIN_BLOCKS_ATTR``; the build turns it into ``__launch_bounds__``).
     """
+    given = (stages, args, grid, block)
     param_of: dict = {}
     for st, keys in zip(stages, args):
         for p, k in zip(st.params, keys):
@@ -73,7 +77,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     tid = tirx.Var("threadIdx_x", "int64")
     views = [_on_kernel_params(st, keys, param_of, tid) for st, keys in zip(stages, args)]
     needs = _barriers(stages, args, access, views, param_of, block)
-    waved = _by_waves(stages, args, access, views, param_of, block, grid, needs)
+    waved = _by_waves(stages, args, access, views, param_of, block, grid, needs) if waves_allowed else None
     if waved is not None:
         moved, needs, views = waved
         order = [order[i] for i in moved]
@@ -155,6 +159,12 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     if min_blocks:
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
+    if waved is not None and written_out(func) > MAX_GROUPS_PER_SUBPROGRAM:
+        # the waves did not roll (a wave kernel's first and last waves differ from its steady
+        # ones): more code than the partitioner sized any kernel for, which nvcc and TVM's
+        # passes may not survive (the full 10 x 100 LSTM: 3861 stages, a crash); the given order
+        return stitch(*given, name=name, target=target, param_keys=param_keys, stackable=stackable,
+                      min_blocks=min_blocks, private=private, waves_allowed=False)
     return Stitched(func, syncs, stacks, channels, order, residents, onchip_stacks,
                     _phases(needs, [v.lane for v in views], [st.num_blocks for st in stages], grid))
 
@@ -183,16 +193,34 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
     return plan.order, waved, moved
 
 
-def _phases(needs: list[str], lanes: list[int], blocks: list[int], grid: int) -> list[int]:
-    """Per stage, its phase: a stage joins the previous stage's phase where no barrier separates
-    them and its lane starts where that stage's blocks end, within the grid (``waves``): the two
-    run at once on disjoint blocks. Every other stage starts a phase of its own."""
-    phases = []
-    for i, need in enumerate(needs):
-        beside = (i > 0 and need == dependence.NONE and lanes[i] > 0
-                  and lanes[i] == lanes[i - 1] + blocks[i - 1] and lanes[i] + blocks[i] <= grid)
-        phases.append(phases[-1] if beside else len(set(phases)))
-    return phases
+def written_out(func: tirx.PrimFunc) -> int:
+    """Stage loops a stitched kernel's body writes out (a rolled loop's body counted once)."""
+    def loops(stmts) -> int:
+        return sum(loops(s.body.seq if isinstance(s.body, tirx.SeqStmt) else [s.body])
+                   if rolling.ROLLED in s.annotations else 1
+                   for s in stmts if isinstance(s, tirx.For))
+    return loops(stage_loops(func))
+
+
+def _phases(needs: list[str], lanes: list[int], blocks: list[int], grid: int) -> list[tuple[int, int]]:
+    """Per stage, ``(segment, lane)``: the segment between grid syncs it runs in, and its lane
+    there. In a segment the stages of one lane run one after another and the lanes at once, on
+    disjoint blocks (``waves``); a segment whose lanes' blocks overlap or wrap around the grid
+    runs as one lane (0)."""
+    segments, at = [], -1
+    for need in needs:
+        at += need == dependence.GRID or at < 0
+        segments.append(at)
+    out = []
+    for seg in sorted(set(segments)):
+        members = [i for i, s in enumerate(segments) if s == seg]
+        spans = {}
+        for i in members:
+            spans[lanes[i]] = max(spans.get(lanes[i], 0), blocks[i])
+        ranges = sorted(spans.items())
+        disjoint = all(a + w <= b for (a, w), (b, _) in zip(ranges, ranges[1:])) and ranges[-1][0] + ranges[-1][1] <= grid
+        out += [(seg, lanes[i] if disjoint else 0) for i in members]
+    return out
 
 
 def _barriers(stages: list, args: list, access: list, views: list, param_of: dict, block: int) -> list[str]:

@@ -15,7 +15,7 @@ from tvm import relax
 
 from . import lower, resident, rolling
 from .check import SafetyReport, check
-from .kernel import onchip_key, stitch
+from .kernel import onchip_key, stitch, written_out
 from ..codegen.emit import is_group_call
 from ..cost import tir_stats
 from ..core.geometry import STITCH_BLOCK
@@ -57,8 +57,9 @@ class StitchedKernel:
     # alone at ``block`` (the partitioner's figures: {"tiles", "sectors", "k_steps",
     # "shared_wavefronts"}), None where not counted; set by the pass that stitches
     counted_alone: list = field(default_factory=list)
-    # per entry of ``stages``: its phase; stages of one phase run at once on disjoint blocks (``waves``)
-    phases: list[int] = field(default_factory=list)
+    # per entry of ``stages``: (segment between grid syncs, lane); a segment's lanes run at once (``waves``)
+    phases: list[tuple[int, int]] = field(default_factory=list)
+    written_out: int = 0           # stage loops its body writes out (a rolled loop's body once: ``kernel.written_out``)
 
 
     def stage_func(self, function: str, funcs: dict):
@@ -292,7 +293,7 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           onchip_bytes=_onchip_bytes(channels, onchip_stacks),
                           resident_bytes=sum(tir_stats.buffer_bytes(b) for b in resident.copies(residents)),
                           resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args),
-                          phases=[phases[order.index(i)] for i in range(len(stages))])
+                          phases=[phases[order.index(i)] for i in range(len(stages))], written_out=written_out(func))
 
 
 def _onchip_bytes(channels: list, onchip_stacks: list) -> int:
