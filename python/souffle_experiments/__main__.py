@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "row-chain-results": ("row_chain_results", "table and plot of the row-chain reports (runner spec)"),
     "snapshot": ("behaviour_snapshot", "snapshot what the compiler decides; --compare two (make snapshot)"),
     "sweep": ("cuda_compile_sweep", "the conformance suite's models compiled for CUDA, optionally emulated"),
+    "waves-table": ("waves_table", "stacked recurrences at v3 with and without waves: kernels, grid syncs, code"),
     "traffic": ("traffic_counted", "counted traffic against the analytic bytes, small zoo (runner spec)"),
 }
 MODULES = {module: command for command, (module, _) in COMMANDS.items()}
