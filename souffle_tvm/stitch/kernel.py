@@ -6,8 +6,9 @@ never an ``if`` around barriers), and before each stage goes the weakest barrier
 earlier stages' outputs need (``dependence``: a ``grid_sync`` unless the index maps prove the
 reads block-local, then ``__syncthreads``, or thread-local). A block-local intermediate
 nobody reads after the kernel stays on chip, in a per-block shared buffer, its producer and
-consumers sharing one grid-stride loop (``channel``). Runs of repeated stages become
-loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched function
+consumers sharing one grid-stride loop (``channel``). Where it takes fewer grid syncs, the
+stages run by wave, independent chains side by side on their own blocks (``waves``). Runs of
+repeated stages become loops (``rolling``). The rest of TVM's pipeline then runs once on the stitched function
 (ThreadSync, allreduce lowering, shared-memory merging across stages, host/device split), and
 ``build.cooperative.attach_cooperative_launch`` marks the kernel for a cooperative launch.
 ``module.stitch_module`` does this for the subprograms of a Relax module.

@@ -14,7 +14,12 @@ the block its virtual block 0 runs on, after the blocks of the wave's earlier st
 blocks at once rather than one after another on the first blocks of the grid. A dependence
 between stages on different lanes is a cross-block one (``dependence.barrier_needed`` keeps
 its grid sync), so lanes never make a kernel unsafe, only sometimes cost a sync; the stitcher
-keeps the wave order only where it needs fewer grid syncs than the order it was given.
+keeps the wave order only where it needs fewer grid syncs than the order it was given, and
+writes out no more stage loops than the partitioner's group cap (``kernel.stitch``).
+
+Not yet: a wave kernel's first and last waves (fewer cells than the steady ones) are written
+out, not rolled with the steady waves under per-layer guards; so a deep stack (the full
+10 x 100 LSTM: 3861 stages) keeps the layer order.
 """
 
 from __future__ import annotations
