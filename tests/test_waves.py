@@ -122,7 +122,8 @@ def test_a_lane_dropped_from_a_stage_body_is_caught(monkeypatch):
     assert bad
 
 
-@pytest.mark.parametrize("name", ["lstm", pytest.param("gru", marks=pytest.mark.slow)])   # (the suite's time)
+@pytest.mark.slow      # ~35 s each (the default suite's time); the wave tests above cover the forms
+@pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_real_exports_form_waves(name, monkeypatch):
     """PyTorch's own exports: a 2-layer LSTM (stacked: the step takes move to layer 0's concat)
     and a bidirectional GRU (its directions side by side)."""
