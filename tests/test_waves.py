@@ -96,6 +96,7 @@ def test_bidirectional_directions_run_side_by_side(monkeypatch):
     _checked(m, souffle)
 
 
+@pytest.mark.slow      # (the default suite's time: ~25 s)
 def test_lanes_ignored_by_the_dependence_proof_are_caught(monkeypatch):
     """The planted fault: a dependence across lanes proved block-local as if both stages ran vb
     on one block. The stitcher then leaves out grid syncs the kernel needs; the emulator or the
@@ -173,6 +174,7 @@ def test_waves_where_they_cannot_apply_are_refused():
         assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow      # (the default suite's time: ~25 s)
 def test_a_deep_stack_whose_waves_do_not_roll_keeps_the_layer_order():
     """Ten layers: the wave kernel's first and last waves stay written out (more stage loops than
     the partitioner sizes a kernel for), and with the step takes moved the layers' steps do not
