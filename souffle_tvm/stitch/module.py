@@ -293,7 +293,8 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                           onchip_bytes=_onchip_bytes(channels, onchip_stacks),
                           resident_bytes=sum(tir_stats.buffer_bytes(b) for b in resident.copies(residents)),
                           resident_inputs=[r.name for r in residents], filled=_filled(residents, order, args),
-                          phases=[phases[order.index(i)] for i in range(len(stages))], written_out=written_out(func))
+                          phases=[phases[p] for p in sorted(range(len(order)), key=order.__getitem__)],
+                          written_out=written_out(func))
 
 
 def _onchip_bytes(channels: list, onchip_stacks: list) -> int:
