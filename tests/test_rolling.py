@@ -13,7 +13,7 @@ from souffle_tvm.partition import subprograms
 from souffle_tvm.partition.subprograms import GroupFacts
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.stitch import rolling
+from souffle_tvm.stitch import repeats, rolling
 from souffle_tvm.stitch import check as stitch_check, kernel_ir
 from souffle_tvm.stitch.module import stitch_module
 from souffle_tvm.core.ir_names import STAGE_BLOCKS
@@ -97,13 +97,13 @@ def test_repeats_are_whole_iterations_with_inputs_one_period_later():
     # g0 makes h0; g1..g4 each read the previous h and a shared weight: a run of 4 iterations
     sigs = ["init"] + ["step"] * 5
     reads = [[("ext", "x")]] + [[("group", i, 0), ("ext", "w")] for i in range(4)] + [[("group", 4, 0), ("ext", "w2")]]
-    assert rolling.repeats(sigs, reads) == [None, None, 1, 2, 3, None]    # g5's weight differs
+    assert repeats.repeats(sigs, reads) == [None, None, 1, 2, 3, None]    # g5's weight differs
     # period 2 (a block with its own weight, then a weight-free stage): only the weight-free
     # stages repeat, no whole iteration does, so nothing counts as rolled
     sigs = ["conv", "act"] * 4
     reads = [[("group", i - 1, 0) if i else ("ext", "x"), ("ext", f"w{i}")] if i % 2 == 0 else [("group", i - 1, 0)]
              for i in range(8)]
-    assert rolling.repeats(sigs, reads) == [None] * 8
+    assert repeats.repeats(sigs, reads) == [None] * 8
 
 
 def test_partitioner_counts_a_repeated_group_once():

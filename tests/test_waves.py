@@ -10,7 +10,7 @@ from souffle_tvm.core.targets import make_target
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
-from souffle_tvm.stitch import dependence, kernel, kernel_ir, rolling, waves
+from souffle_tvm.stitch import dependence, kernel, kernel_ir, ramps, rolling, waves
 from souffle_tvm.zoo import lstm
 from conftest import emulated_comparisons, race_checked_in_orders
 from test_lstm import lstm_model
@@ -74,11 +74,28 @@ def test_a_stacked_lstm_is_one_wavefront_kernel(stacked, monkeypatch):
     assert serial.grid_syncs >= layers * steps
     assert k.grid_syncs <= layers + steps < serial.grid_syncs
     assert k.safety.ok
-    # the steady waves are one loop, its lanes in its body
+    # the waves are one loop, its lanes in its body: the steady ones and, under guards, the ramp
+    # waves beside them (``stitch.ramps``); only the first wave (layer 0's step 0, whose h0 term
+    # is folded) and the last (the top layer's last step alone) stay written out
     func = souffle.mod[k.function]
-    rolled = [s for s in kernel_ir.stage_loops(func) if hasattr(s, "annotations") and rolling.ROLLED in s.annotations]
-    assert rolled and any(_lanes(func))
+    [rolled] = [s for s in kernel_ir.stage_loops(func) if hasattr(s, "annotations") and rolling.ROLLED in s.annotations]
+    assert int(rolled.extent) == layers + steps - 3 and any(_lanes(func))
+    assert k.written_out < len(k.stages) / 2
     _checked(m, souffle)
+
+
+def test_a_ramp_stage_guarded_at_the_wrong_wave_is_caught(monkeypatch):
+    """A stage that runs at one ramp wave alone (a variant) guarded at the wave after it: its
+    wave loses it and the next runs it beside stages it is not ordered with. The static check
+    sees the unrolled waves (``rolling.unroll`` resolves the guards) and refuses the kernel."""
+    plain = ramps._guarded
+
+    def late(stmts, waves, n0, n1, t):
+        return plain(stmts, [w + 1 for w in waves] if len(waves) == 1 else waves, n0, n1, t)
+
+    monkeypatch.setattr(ramps, "_guarded", late)
+    with pytest.raises(Exception, match="unsafe stitched kernel"):
+        _souffle(lstm.build(STACKED))
 
 
 def _bidirectional():

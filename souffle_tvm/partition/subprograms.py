@@ -10,7 +10,7 @@ boundaries from those facts and the GPU's limits; every boundary keeps its reaso
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable
 
 from ..cost import estimate, hardware
@@ -30,7 +30,7 @@ class GroupFacts:
     opaque op always cannot). ``statements[i]``: its lowered TIR statements (the compile-time
     budget). ``stages[i]``: the static estimate of each of its lowered stages. ``signature[i]``:
     equal for groups with identical code (repeated layers). ``repeat_of[i]``: the earlier group
-    that group i repeats with its inputs one period later (``stitch.rolling.repeats``), rolled
+    that group i repeats with its inputs one period later (``stitch.repeats``), rolled
     into a loop when stitched; None if none. ``work[i]``: per lowered stage, the tiles and threads
     it launches alone, its bytes and flops (on its first stage), whether it uses tensor
     cores and what a block of it executes stitched (K steps, shared wavefronts, global sectors;
@@ -89,6 +89,25 @@ def estimated_grid(facts: GroupFacts, indices: list[int], gpu: hardware.GPU, blo
 # 10x100 LSTM unrolled); groups that repeat an earlier one of the subprogram (rolled into a
 # loop) do not count.
 MAX_GROUPS_PER_SUBPROGRAM = 128
+
+
+def code_repeats(facts: GroupFacts) -> GroupFacts:
+    """``facts`` with each group repeating the latest earlier group of the same code
+    (``signature``), wherever it is: the compile-time budget of a wave kernel. Its waves run in
+    one loop (``stitch.waves``, ``stitch.ramps``), each distinct cell's code once, plus the
+    cells that differ (a layer's first and last steps); a group then adds code only where its
+    code is new. Where that proxy is wrong the stitcher still sees it: a wave kernel writing out
+    more than ``MAX_GROUPS_PER_SUBPROGRAM`` stage loops is stitched in the order given, and the
+    driver runs again without waves (``pipeline.results.run``)."""
+    if not facts.signature:
+        return facts
+    latest: dict = {}
+    rep: list[int | None] = []
+    for i, sig in enumerate(facts.signature):
+        rep.append(latest.get(sig) if sig is not None else None)
+        if sig is not None:
+            latest[sig] = i
+    return replace(facts, repeat_of=rep)
 
 
 def by_normalization(groups: list[Group], readers: dict, unstitchable: list[str | None] | None = None,

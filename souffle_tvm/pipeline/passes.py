@@ -250,14 +250,14 @@ class StitchSubprograms:
     with ``STITCH_BLOCK`` threads (``PartitionAndEmit(block_size=STITCH_BLOCK)``).
 
     ``feedback``: what a build with ptxas found (cuts to force, grids to launch). ``onchip``:
-    keep block-local intermediates in shared memory (``stitch.channel``)."""
+    keep block-local intermediates in shared memory (``stitch.channel``). ``waves``: the budget
+    counts a group's code once per kernel (``subprograms.code_repeats``)."""
 
     def __init__(self, target: tvm.target.Target | None = None, partitioner: str = "budget",
-                 feedback: Feedback | None = None, onchip: bool = True):
-        self.target = target
-        self.partitioner = partitioner
+                 feedback: Feedback | None = None, onchip: bool = True, waves: bool = False):
+        self.target, self.partitioner = target, partitioner
         self.feedback = feedback or Feedback()
-        self.onchip = onchip
+        self.onchip, self.waves = onchip, waves
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = _target(self.target)
@@ -287,7 +287,8 @@ class StitchSubprograms:
             subs = by_time.by_time(groups, facts, gpu, readers_of(prog), forced=self.feedback.forced, timer=timer,
                                    sizes=at.others())
         else:
-            subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups), facts, gpu,
+            subs = subprograms.by_budget(groups, subprograms.cut_cost(prog, groups),
+                                         subprograms.code_repeats(facts) if self.waves else facts, gpu,
                                          forced=self.feedback.forced)
         if estimated:
             # first build: as many blocks as the static estimate lets be co-resident; the build
@@ -440,7 +441,7 @@ def _pipeline(target: tvm.target.Target, params: list | None, options: Options, 
                                options.gemm_k_tile if stitching else None, database,
                                options.gemm_tile if stitching else None, options.onchip)]
     if stitching:
-        steps += [StitchSubprograms(target, options.partitioner, feedback, options.onchip),
+        steps += [StitchSubprograms(target, options.partitioner, feedback, options.onchip, options.waves),
                   PlantPrefetch(target, (feedback or Feedback()).no_prefetch)]
         steps += [RequireCooperativeLaunch()] if cooperative_guard else []
     steps.append(BindWeights())

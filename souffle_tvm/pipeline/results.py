@@ -85,7 +85,8 @@ def restitch(souffle: SouffleModule, target: tvm.target.Target, feedback: Feedba
     facts = {k: v for k, v in (("group_facts", souffle.group_facts), ("at_sizes", souffle.at_sizes)) if v is not None}
     mod = passes.with_info(souffle.unstitched, program=souffle.program, partition=souffle.partition, **facts,
                            unscheduled=souffle.unscheduled)
-    steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback, souffle.options.onchip)]
+    steps = [passes.StitchSubprograms(target, souffle.options.partitioner, feedback, souffle.options.onchip,
+                                      souffle.options.step_slices(target))]
     if souffle.options.level == "v4":
         steps.append(passes.PlantPrefetch(target, feedback.no_prefetch))
     out = tvm.transform.Sequential(steps)(mod)

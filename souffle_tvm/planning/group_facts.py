@@ -13,7 +13,7 @@ from ..core.geometry import STITCH_BLOCK
 from ..core.targets import is_cuda
 from ..cost import estimate, hardware, measured
 from ..partition.subprograms import GroupFacts
-from ..stitch import lower, rolling
+from ..stitch import lower, repeats, rolling
 from ..stitch.module import ExprKey
 from . import onchip_credit
 from .block_counts import counted, uncounted
@@ -70,7 +70,7 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:
-    """``rolling.repeats`` over the groups: each group's code skeleton, and its call's inputs as
+    """``repeats.repeats`` over the groups: each group's code skeleton, and its call's inputs as
     the group (and output) that makes them, or the Relax value itself."""
     group_of_call = {c: i for i, c in calls.call_index.items()}
     maker, n = {}, 0
@@ -89,4 +89,4 @@ def _repeats(calls: GroupCalls) -> list[int | None]:
         sigs.append(rolling.skeleton_hash(calls.func(i)))
         reads.append([("group", *maker[a]) if a in maker else ("ext", ExprKey(a))
                       for a in calls.calls[calls.call_index[i]].args[1].fields])
-    return rolling.repeats(sigs, reads)
+    return repeats.repeats(sigs, reads)

@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from . import channel, dependence, resident, rolling, waves
+from . import channel, dependence, ramps, resident, rolling, waves
 from .kernel_ir import (ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name,
                         stage_loops)
 from .lower import LoweredStage, wide_thread
@@ -135,8 +135,10 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
     stacks: list = []
     onchip_stacks: list = []
     if stackable is not None:
-        seq, stacks = rolling.roll(items, item_keys, item_writes, {**param_of, **{k: ch.buffer for k, ch in onchip.items()}},
-                                   lambda k: k in onchip or stackable(k))
+        # a wave kernel's first and last waves join its steady waves' loop under guards (``ramps``)
+        seq, stacks = (ramps.roll if waved is not None else rolling.roll)(
+            items, item_keys, item_writes, {**param_of, **{k: ch.buffer for k, ch in onchip.items()}},
+            lambda k: k in onchip or stackable(k))
         stacked = rolling.stacked_keys(stacks)
         onchip_stacks = [s for s in stacks if any(k in onchip for k in s.keys)]
         stacks = [s for s in stacks if s not in onchip_stacks]
@@ -195,11 +197,15 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
 
 
 def written_out(func: tirx.PrimFunc) -> int:
-    """Stage loops a stitched kernel's body writes out (a rolled loop's body counted once)."""
+    """Stage loops a stitched kernel's body writes out (a rolled loop's body counted once, with
+    the stages under its guards)."""
+    def seq(s) -> list:
+        return list(s.seq) if isinstance(s, tirx.SeqStmt) else [s]
+
     def loops(stmts) -> int:
-        return sum(loops(s.body.seq if isinstance(s.body, tirx.SeqStmt) else [s.body])
-                   if rolling.ROLLED in s.annotations else 1
-                   for s in stmts if isinstance(s, tirx.For))
+        return sum(loops(seq(s.body)) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations
+                   else loops(seq(s.then_case)) if isinstance(s, tirx.IfThenElse)
+                   else int(isinstance(s, tirx.For)) for s in stmts)
     return loops(stage_loops(func))
 
 

@@ -18,15 +18,14 @@ kernel. A tensor that is used after the kernel is never stacked.
 
 ``unroll`` is the inverse: the loop's body is written out once per iteration. The static check
 and the emulator apply it, so they see exactly the statements the loop executes.
-``repeats`` is the same test at the level of a subprogram's groups (before any lowering). With
-it the partitioner counts a repeated group's code once, not once per iteration.
+``repeats`` (its own module) is the same test at the level of a subprogram's groups.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, NamedTuple
 
 import tvm
 import tvm.sym as arith
@@ -86,7 +85,7 @@ def skeleton_hash(node) -> int | None:
     return None if sk is None else tvm_ffi.structural_hash(sk[0])
 
 
-def _with_constants(stmt, exprs: dict[int, tirx.PrimExpr]) -> tirx.Stmt:
+def with_constants(stmt, exprs: dict[int, tirx.PrimExpr]) -> tirx.Stmt:
     """``stmt`` with its k-th integer constant (in ``skeleton``'s order) replaced by ``exprs[k]``."""
     count = [-1]
 
@@ -126,15 +125,17 @@ def stacked_keys(stacks: list[Stack]) -> set:
 
 
 @dataclass
-class _Stage:
+class Stage:
+    """One top-level item of a stitched kernel, as rolling compares them."""
     pre: tirx.Stmt | None        # the barrier before the stage, if any
     stmt: tirx.Stmt
     keys: list
     writes: list[bool]
-    skel: object = None
+    skel: object = None          # ``skeleton``: the code with its integer constants taken out
     consts: list | None = None
     dtypes: list | None = None
-    hash: int | None = None
+    code: int | None = None      # the skeleton's hash
+    hash: int | None = None      # the same with the kind of barrier before it
 
 
 def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of: dict,
@@ -150,19 +151,37 @@ def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of:
     Returns the statements and the stacked buffers (new kernel parameters; the keys they
     replace are no longer parameters).
     """
-    stages = [_Stage(pre, stmt, list(k), list(w)) for (pre, stmt), k, w in zip(items, keys, writes)]
+    stages = prepare(items, keys, writes, var_of)
+    out, stacks, table = roll_range(stages, 0, len(stages), stackable, var_of, min_trips, max_period)
+    return finish(out, stacks, table, items)
+
+
+def prepare(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of: dict) -> list[Stage]:
+    """The items as ``Stage``s with their skeletons (None where TVM refuses one)."""
+    stages = [Stage(pre, stmt, list(k), list(w)) for (pre, stmt), k, w in zip(items, keys, writes)]
     for st in stages:
         sk = skeleton(st.stmt, {var_of[k]: j for j, k in reversed(list(enumerate(st.keys)))})
         if sk is not None:
-            kind = "grid" if st.pre is not None and is_grid_sync(st.pre) else ("block" if st.pre is not None else "")
             st.skel, st.consts, st.dtypes = sk
-            st.hash = hash((kind, tvm_ffi.structural_hash(sk[0])))
+            st.code = tvm_ffi.structural_hash(sk[0])
+            st.hash = hash((barrier_kind(st.pre), st.code))
+    return stages
+
+
+def barrier_kind(pre) -> str:
+    return "grid" if pre is not None and is_grid_sync(pre) else ("block" if pre is not None else "")
+
+
+def roll_range(stages: list[Stage], lo: int, hi: int, stackable, var_of: dict, min_trips: int = MIN_TRIPS,
+               max_period: int = MAX_PERIOD) -> tuple[list, list[Stack], dict]:
+    """``stages[lo:hi]`` with repeated runs rolled: (the stages and loops in order, the stacks,
+    {key Var: (stack, slot)} for the statements outside the loops)."""
     out: list = []
     stacks: list[Stack] = []
     table: dict = {}          # key Var -> (stack Var, slot) for statements outside loops
-    i, n = 0, len(stages)
-    while i < n:
-        run = _longest_run(stages, i, min_trips, max_period)
+    i = lo
+    while i < hi:
+        run = _longest_run(stages, i, min_trips, max_period, hi)
         loop = _roll_run(stages, i, *run, stackable, var_of, min_trips) if run else None
         if loop is None:
             out.append(stages[i])
@@ -173,9 +192,16 @@ def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of:
         stacks += run_stacks
         table.update(run_table)
         i += p * count
+    return out, stacks, table
+
+
+def finish(out: list, stacks: list[Stack], table: dict, items: list[tuple]) -> tuple[list, list[Stack]]:
+    """The statements of ``out`` (stages and loops), the stages outside loops reaching stacked
+    tensors at their slots; ``items`` unrolled where a stacked tensor is used other than by
+    loads and stores."""
     seq = []
     for item in out:     # unrolled stages (and other runs' loops) reach stacked tensors at fixed slots
-        if isinstance(item, _Stage):
+        if isinstance(item, Stage):
             if item.pre is not None:
                 seq.append(item.pre)
             item = item.stmt
@@ -187,10 +213,9 @@ def roll(items: list[tuple], keys: list[list], writes: list[list[bool]], var_of:
     return seq, stacks
 
 
-def _longest_run(stages: list[_Stage], s: int, min_trips: int, max_period: int) -> tuple[int, int] | None:
-    """(period, repetitions) of the longest run starting at stage ``s`` whose stages' skeletons
-    repeat (at least ``min_trips`` repetitions), or None."""
-    n = len(stages)
+def _longest_run(stages: list[Stage], s: int, min_trips: int, max_period: int, n: int) -> tuple[int, int] | None:
+    """(period, repetitions) of the longest run starting at stage ``s`` (ending by stage ``n``)
+    whose stages' skeletons repeat (at least ``min_trips`` repetitions), or None."""
     if stages[s].hash is None:
         return None
     best = None
@@ -206,10 +231,23 @@ def _longest_run(stages: list[_Stage], s: int, min_trips: int, max_period: int) 
     return best
 
 
-def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_of, min_trips: int):
-    """The loop for the run of ``count`` iterations of ``p`` stages at ``s``: (stages before it,
-    the loop, stages after it, its stacks, {key Var: (stack, slot)}), or None if no range of at
-    least ``min_trips`` iterations matches (then the run stays unrolled)."""
+class Steady(NamedTuple):
+    """The iterations ``[a, b)`` of a run that are one loop: per stage of the period, the
+    constants' change per iteration (``step``), and per parameter, its tensor relative to the
+    iteration (``rel``: ``("key", key)``, the same tensor in every iteration, or ``("slot",
+    distance, stage, parameter)``, the tensor that stage's parameter wrote ``distance``
+    iterations away); ``slot``: per stacked key, the (iteration, stage, parameter) that wrote it."""
+    a: int
+    b: int
+    step: tuple
+    rel: list[list[tuple]]
+    slot: dict
+
+
+def steady(stages: list[Stage], s: int, p: int, count: int, stackable) -> Steady | None:
+    """The longest range of the run of ``count`` iterations of ``p`` stages at ``s`` in which each
+    iteration is the one before with its constants moved by the same steps and its tensors in
+    the same places relative to it; None if no two iterations are."""
     at = lambda it, q: stages[s + it * p + q]  # noqa: E731
     slot: dict = {}                  # key -> (iteration, stage, parameter) of its first write in the run
     for it in range(count):
@@ -221,21 +259,14 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
 
     def rel(it):
         """Iteration ``it`` described relative to itself: equal descriptions, same code."""
-        out = []
-        for q in range(p):
-            for k in at(it, q).keys:
-                if k in slot:
-                    w_it, w_q, w_j = slot[k]
-                    out.append(("slot", w_it - it, w_q, w_j))
-                else:
-                    out.append(("key", k))
-        return tuple(out)
+        return [[("slot", slot[k][0] - it, slot[k][1], slot[k][2]) if k in slot else ("key", k)
+                 for k in at(it, q).keys] for q in range(p)]
 
     def step(it):      # constant differences from iteration it-1 to it, per stage
         return tuple(tuple(c1 - c0 for c0, c1 in zip(at(it - 1, q).consts, at(it, q).consts)) for q in range(p))
 
     rels = [rel(it) for it in range(count)]
-    best, a, cur_step = (0, 1), 0, None
+    best, a, cur_step = (0, 1, None), 0, None
     for it in range(1, count):
         same = rels[it] == rels[it - 1] and all(tvm_ffi.structural_equal(at(it, q).skel, at(it - 1, q).skel)
                                                 for q in range(p))
@@ -246,10 +277,22 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
         else:
             a, cur_step = it, None
         if it + 1 - a > best[1] - best[0]:
-            best = (a, it + 1)
-    a, b = best
-    if b - a < min_trips:
+            best = (a, it + 1, cur_step)
+    a, b, cur_step = best
+    if b - a < 2:
         return None
+    return Steady(a, b, cur_step, rels[a], slot)
+
+
+def _roll_run(stages: list[Stage], s: int, p: int, count: int, stackable, var_of, min_trips: int):
+    """The loop for the run of ``count`` iterations of ``p`` stages at ``s``: (stages before it,
+    the loop, stages after it, its stacks, {key Var: (stack, slot)}), or None if no range of at
+    least ``min_trips`` iterations matches (then the run stays unrolled)."""
+    at = lambda it, q: stages[s + it * p + q]  # noqa: E731
+    found = steady(stages, s, p, count, stackable)
+    if found is None or found.b - found.a < min_trips:
+        return None
+    a, b, cur_step, slot = found.a, found.b, found.step, found.slot
     # Stacks: one per (stage, parameter) that first writes stackable tensors in this run.
     by_site: dict = {}
     for k, (it, q, j) in slot.items():
@@ -268,9 +311,9 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
     body = []
     for q in range(p):
         st = at(a, q)
-        varying = {k: c for k, c in enumerate(cur_step[q]) if c != 0} if cur_step else {}
-        exprs = {k: _affine(st.consts[k], d, t, st.dtypes[k]) for k, d in varying.items()}
-        stmt = _with_constants(st.stmt, exprs) if exprs else st.stmt
+        varying = {k: c for k, c in enumerate(cur_step[q]) if c != 0}
+        exprs = {k: affine(st.consts[k], d, t, st.dtypes[k]) for k, d in varying.items()}
+        stmt = with_constants(st.stmt, exprs) if exprs else st.stmt
         mine = {var_of[k]: (slot_table[k][0], t + tirx.const(slot_table[k][1], "int64"))
                 for k in st.keys if k in slot_table}
         # every key Var of this stage that is stacked is one of the run's slots a + t + distance
@@ -289,15 +332,18 @@ def _roll_run(stages: list[_Stage], s: int, p: int, count: int, stackable, var_o
     return before, loop, after, stacks, table
 
 
-def _affine(c0: int, step: int, t: tirx.Var, dtype: str) -> tirx.PrimExpr:
+def affine(c0: int, step: int, t: tirx.Var, dtype: str) -> tirx.PrimExpr:
     e = tirx.const(c0, "int64") + tirx.const(step, "int64") * t
     return e if dtype == "int64" else tirx.Cast(dtype, e)
 
 
 def unroll(func: tirx.PrimFunc, fresh: bool = False) -> tirx.PrimFunc:
     """``func`` with each rolled loop written out, one copy of its body per iteration (``fresh``:
-    each copy with its own loop and buffer definitions, as TVM's lowering requires)."""
+    each copy with its own loop and buffer definitions, as TVM's lowering requires). A stage
+    under a guard on the iteration (``ramps``) is written out where the guard holds, without it,
+    and left out where it does not."""
     seq = stage_loops(func)
+    ana = arith.Analyzer()
     if not any(isinstance(s, tirx.For) and ROLLED in s.annotations for s in seq):
         return func
     out = []
@@ -310,8 +356,24 @@ def unroll(func: tirx.PrimFunc, fresh: bool = False) -> tirx.PrimFunc:
             copy = tvm_ffi.structural_map(stmt.body, (tirx.Var, lambda v: value if v.same_as(stmt.loop_var) else v))
             if fresh:
                 copy = s_tir.renew_defs(tirx.PrimFunc([], copy)).body
-            out += list(copy.seq) if isinstance(copy, tirx.SeqStmt) else [copy]
+            out += _resolved(list(copy.seq) if isinstance(copy, tirx.SeqStmt) else [copy], ana)
     return replace_stages(func, out)
+
+
+def _resolved(seq: list, ana) -> list:
+    """``seq`` with each guard (a top-level ``if`` whose condition is now a constant) replaced by
+    what it guards, or dropped."""
+    out = []
+    for stmt in seq:
+        if not isinstance(stmt, tirx.IfThenElse):
+            out.append(stmt)
+            continue
+        cond = ana.simplify(stmt.condition)
+        if not isinstance(cond, tirx.IntImm):
+            out.append(stmt)
+        elif cond.value:
+            out += list(stmt.then_case.seq) if isinstance(stmt.then_case, tirx.SeqStmt) else [stmt.then_case]
+    return out
 
 
 def unstack(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -360,42 +422,3 @@ def unstack(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
     params = [b for p in func.params for b in (slots[p].values() if p in slots else [p])]
     return tirx.PrimFunc(params, out.body, attrs=func.attrs)
-
-
-def repeats(signatures: list, reads: list[list], min_trips: int = MIN_TRIPS,
-            max_period: int = MAX_PERIOD) -> list[int | None]:
-    """Per group, the earlier group it repeats inside a run ``roll`` would make a loop of (None
-    if none). Group i repeats group i - p when both have the same skeleton (``signatures``) and
-    each input is the same tensor as that group's, or is made by the group one period after
-    that tensor's maker. ``reads[i]`` lists group i's inputs as ``("group", maker index,
-    output)`` or ``("ext", key)``. Only whole iterations count: every group of ``min_trips``
-    consecutive periods must repeat the period before (an EfficientNet block's weight-free
-    stages repeat the previous block's, its convolutions do not: nothing there is a loop).
-    The first iteration of a run repeats nothing."""
-    n = len(signatures)
-
-    def rep(i: int, p: int) -> bool:
-        j = i - p
-        if j < 0 or signatures[i] is None or signatures[j] != signatures[i] or len(reads[j]) != len(reads[i]):
-            return False
-        return all(x == y or (x[0] == y[0] == "group" and x[1] == y[1] + p and x[2] == y[2])
-                   for x, y in zip(reads[i], reads[j]))
-
-    out: list[int | None] = [None] * n
-    s = 0
-    while s < n:
-        best = None
-        for p in range(1, min(max_period, (n - s) // min_trips) + 1):
-            count = 1       # iterations: the first, then each that repeats the one before
-            while s + (count + 1) * p <= n and all(rep(s + count * p + q, p) for q in range(p)):
-                count += 1
-            if count >= min_trips and (best is None or count * p > best[0] * best[1]):
-                best = (p, count)
-        if best is None:
-            s += 1
-            continue
-        p, count = best
-        for i in range(s + p, s + count * p):
-            out[i] = i - p
-        s += count * p
-    return out
