@@ -7,6 +7,7 @@ import pytest
 
 from souffle_tvm.core.ir_names import STAGE_LANE
 from souffle_tvm.core.targets import make_target
+from souffle_tvm.partition import subprograms
 from souffle_tvm.frontend.importer import import_onnx
 from souffle_tvm.pipeline import results as pipeline
 from souffle_tvm.pipeline.options import Options
@@ -75,12 +76,15 @@ def test_a_stacked_lstm_is_one_wavefront_kernel(stacked, monkeypatch):
     assert k.grid_syncs <= layers + steps < serial.grid_syncs
     assert k.safety.ok
     # the waves are one loop, its lanes in its body: the steady ones and, under guards, the ramp
-    # waves beside them (``stitch.ramps``); only the first wave (layer 0's step 0, whose h0 term
-    # is folded) and the last (the top layer's last step alone) stay written out
+    # waves beside them that hold a steady cell (``stitch.ramps``). Each layer's first step
+    # (its h0 term folded) and last are cells of their own, so the waves holding nothing else
+    # stay written out: 5 of 9 waves in the loop, 14 of 51 stage loops written. Every stage is
+    # in its wave: the loop's guards resolved, the kernel runs the waves the stitcher ordered.
     func = souffle.mod[k.function]
     [rolled] = [s for s in kernel_ir.stage_loops(func) if hasattr(s, "annotations") and rolling.ROLLED in s.annotations]
-    assert int(rolled.extent) == layers + steps - 3 and any(_lanes(func))
-    assert k.written_out < len(k.stages) / 2
+    assert int(rolled.extent) >= steps - layers - 1 and any(_lanes(func))
+    assert k.written_out < len(k.stages) / 3
+    assert len(kernel_ir.flat_stages(rolling.unroll(func))) >= len(k.stages)
     _checked(m, souffle)
 
 
@@ -201,3 +205,23 @@ def test_a_deep_stack_whose_waves_do_not_roll_keeps_the_layer_order():
     plain = pipeline.run(m.mod, CUDA, m.params, Options(level="v3"))
     assert souffle.options.waves is False
     assert [(k.stages, k.grid_syncs) for k in souffle.stitched] == [(k.stages, k.grid_syncs) for k in plain.stitched]
+
+
+def test_a_wave_kernel_with_guarded_ramps_builds_with_nvcc():
+    """The stacked LSTM's wave kernel through TVM's TIR pipeline and nvcc (sm_90): its guards are
+    trip counts, so ThreadSync may place block barriers inside guarded stages (it refuses to
+    under an ``if``); no spills, the grid co-resident, one grid sync a wave."""
+    from souffle_tvm.pipeline.driver import compile as compile_model
+    c = compile_model(lstm.build(STACKED), "cuda", "souffle", level="v3", waves=True)
+    [k] = [k for k in c.report.kernels if k.cooperative]
+    assert k.spill_bytes == 0 and k.grid[0] <= k.max_coresident
+    assert k.grid_syncs == STACKED.layers + STACKED.steps
+
+
+def test_with_waves_the_budget_counts_a_cells_code_once():
+    """``code_repeats``: a group repeats the latest earlier group of the same code wherever it
+    is (a recurrence's step t and t+1 differ only in constants), so the compile-time budget
+    counts each distinct cell once; groups without code never repeat."""
+    facts = subprograms.GroupFacts([None] * 6, code=["a", "b", "a", "c", "b", None])
+    assert subprograms.code_repeats(facts).repeat_of == [None, None, 0, None, 1, None]
+    assert subprograms.code_repeats(subprograms.GroupFacts([None])).repeat_of == []

@@ -144,7 +144,9 @@ class _Walk:
         try:
             v = self.eval(e)
         except _Unknown:
-            return 1
+            # a guarded stage (``stitch.ramps``: a trip count that is zero at most iterations of
+            # its wave loop) counts at its fewest, none: these are lower bounds
+            return min(self._extent(e.true_value), self._extent(e.false_value)) if isinstance(e, tirx.Select) else 1
         return int(np.min(v)) if isinstance(v, np.ndarray) else int(v)
 
     def _warps(self, mask) -> np.ndarray:

@@ -55,6 +55,9 @@ class GroupFacts:
     # per group: the producers whose output it reads block-locally when stitched with them (no
     # grid sync between them; ``planning.onchip_credit``); empty: none known
     local_producers: list[set[int]] = field(default_factory=list)
+    # per group: its code less its integer constants (``stitch.rolling.skeleton_hash``): equal
+    # for a recurrence's steps, which differ only in the step's offsets; empty: not asked
+    code: list[Hashable] = field(default_factory=list)
 
     def kernel_estimate(self, indices: list[int]) -> estimate.Estimate:
         """The static estimate of these groups stitched into one kernel."""
@@ -92,18 +95,18 @@ MAX_GROUPS_PER_SUBPROGRAM = 128
 
 
 def code_repeats(facts: GroupFacts) -> GroupFacts:
-    """``facts`` with each group repeating the latest earlier group of the same code
-    (``signature``), wherever it is: the compile-time budget of a wave kernel. Its waves run in
+    """``facts`` with each group repeating the latest earlier group of the same code (``code``:
+    its constants aside), wherever it is: the compile-time budget of a wave kernel. Its waves run in
     one loop (``stitch.waves``, ``stitch.ramps``), each distinct cell's code once, plus the
     cells that differ (a layer's first and last steps); a group then adds code only where its
     code is new. Where that proxy is wrong the stitcher still sees it: a wave kernel writing out
     more than ``MAX_GROUPS_PER_SUBPROGRAM`` stage loops is stitched in the order given, and the
     driver runs again without waves (``pipeline.results.run``)."""
-    if not facts.signature:
+    if not facts.code:
         return facts
     latest: dict = {}
     rep: list[int | None] = []
-    for i, sig in enumerate(facts.signature):
+    for i, sig in enumerate(facts.code):
         rep.append(latest.get(sig) if sig is not None else None)
         if sig is not None:
             latest[sig] = i

@@ -66,7 +66,8 @@ def group_facts(calls: GroupCalls, target: tvm.target.Target, block: int = STITC
     # stitcher would not put, and reads off chip what it would keep on it
     onchip, local = (onchip_credit.credits(calls, target, block, hardware.for_arch(arch), lowered, unscheduled)
                      if is_cuda(target) else ([], []))
-    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone, local)
+    code = [rolling.skeleton_hash(calls.func(i)) if asked[i] and g.opaque is None else None for i, g in enumerate(groups)]
+    return GroupFacts(unstitchable, statements, stages, signature, repeats, work, keys, onchip, alone, local, code)
 
 
 def _repeats(calls: GroupCalls) -> list[int | None]:

@@ -62,7 +62,8 @@ class Channel:
 
 def plan(views: list[dependence.StageView], args: list[list], access: list[tuple[list, list]],
          needs: list[str], param_of: dict, private: Callable[[Hashable], bool],
-         own_shared: list[int], grid: int, reserved: int = 0, block: int = 0) -> tuple[list[Channel], list[tuple[int, int]], list]:
+         own_shared: list[int], grid: int, reserved: int = 0, block: int = 0,
+         scoped: bool = False) -> tuple[list[Channel], list[tuple[int, int]], list]:
     """The channels of a stitched kernel on ``grid`` blocks, the stage spans ``(first, last)``
     to fuse for them, and ``views`` with the channels' accesses rebased onto them.
 
@@ -72,7 +73,10 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
     the kernel; ``own_shared[i]``: the shared bytes stage ``i`` allocates itself. The channels
     live at once and the stages' shared memory stay within the static limit (``STATIC_SHARED_LIMIT``)
     less ``reserved`` (the kernel's other shared buffers: ``resident`` copies). ``block``: the
-    kernel's threads per block.
+    kernel's threads per block. ``scoped``: a channel whose readers all run in its writer's
+    segment is fused even where it could be resident, so its buffer lives for its span, not
+    for the kernel (a wave kernel's cells: every wave's would otherwise hold shared memory to
+    the end, and the later waves find none left).
     """
     n = len(views)
     seg = [0] * n      # stages of one segment: no grid sync between them, as many blocks
@@ -97,7 +101,7 @@ def plan(views: list[dependence.StageView], args: list[list], access: list[tuple
         local = [r for r in later if views[r].blocks == views[w].blocks
                  and dependence.barrier_needed(views[w], buf, views[r], buf) != dependence.GRID]
         dual = len(local) < len(later) or not private(k)
-        resident = views[w].blocks <= grid
+        resident = views[w].blocks <= grid and not (scoped and not dual and all(seg[r] == seg[w] for r in local))
         if not local or (not resident and (dual or any(seg[r] != seg[w] for r in local))):
             continue
         box = dependence.covering_box(views[w], buf, [(views[r], buf) for r in local], block, dual)

@@ -93,7 +93,7 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         for i in r.readers[1:]:
             needs[i] = dependence.stronger(needs[i], dependence.BLOCK)
     channels, spans, views = (channel.plan(views, args, access, needs, param_of, private, own_shared, grid,
-                                           sum(tir_stats.buffer_bytes(b) for b in copies), block)
+                                           sum(tir_stats.buffer_bytes(b) for b in copies), block, waved is not None)
                               if private is not None else ([], [], views))
     gone = {ch.key for ch in channels if not ch.dual}
     # a resident channel's copies, one per iteration of a repeated run, stack like global tensors
@@ -198,13 +198,12 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
 
 def written_out(func: tirx.PrimFunc) -> int:
     """Stage loops a stitched kernel's body writes out (a rolled loop's body counted once, with
-    the stages under its guards)."""
+    the stages it guards)."""
     def seq(s) -> list:
         return list(s.seq) if isinstance(s, tirx.SeqStmt) else [s]
 
     def loops(stmts) -> int:
         return sum(loops(seq(s.body)) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations
-                   else loops(seq(s.then_case)) if isinstance(s, tirx.IfThenElse)
                    else int(isinstance(s, tirx.For)) for s in stmts)
     return loops(stage_loops(func))
 

@@ -13,10 +13,11 @@ steady stage's affine line, its tensors in the same slots of the same stacks. Su
 The others (a layer's first step, which reads the initial state; its last, which writes the
 outputs; the first reader that fills a resident copy) are *variants*: each written once into
 the loop body, in its place among the regular stages, under a guard that holds at its wave
-alone. An iteration therefore runs exactly the statements its wave ran, in their order, after
-one grid sync, with at least their barriers; ``rolling.unroll`` resolves the guards, so the
-static check and the emulator see every wave as it was. Guards depend on the wave alone, never
-on a block or thread index: every thread of the grid reaches the same barriers.
+alone. A guard is the stage loop's trip count (zero elsewhere), never an ``if``, and depends on
+the wave alone: every thread of the grid reaches the same barriers, and TVM's ThreadSync may
+place its own inside the stage. An iteration therefore runs exactly the statements its wave
+ran, in their order, after one grid sync, with at least their barriers; ``rolling.unroll``
+resolves the guards, so the static check and the emulator see every wave as it was.
 """
 
 from __future__ import annotations
@@ -125,14 +126,14 @@ def _wave_loop(stages: list[Stage], stackable, var_of: dict, min_trips: int, max
     for q in range(p + 1):
         for n, x, first in variants[q]:
             pre = [] if first or x.pre is None else [x.pre]
-            entries.append(_guarded(pre + [x.stmt], [n], n0, n1, t))
+            entries += _guarded(pre + [x.stmt], [n], n0, n1, t)
         if q == p:
             break
         stmt = _regular_stmt(body[q], run, q, na, n0, t, var_of, stacks)
         if stmt is None:
             return None
         pre = [] if not pres[q] else [body[q].pre if barrier_kind(body[q].pre) == pres[q] else block_barrier()]
-        entries.append(_guarded(pre + [stmt], regular[q], n0, n1, t))
+        entries += _guarded(pre + [stmt], regular[q], n0, n1, t)
     loop = tirx.For(t, tirx.const(0, "int64"), tirx.const(n1 - n0, "int64"), tirx.ForKind.SERIAL,
                     tirx.SeqStmt([body[0].pre] + entries), annotations={ROLLED: tirx.const(n1 - n0, "int64")})
     table = {var_of[k]: (stacks[site].var, tirx.const(m - n0, "int64")) for k, (site, m) in slots.where.items()}
@@ -229,18 +230,21 @@ def _regular_stmt(b: Stage, run: Steady, q: int, na: int, n0: int, t: tirx.Var, 
     return None if uses(out, list(mine)) else out
 
 
-def _guarded(stmts: list, waves: list[int], n0: int, n1: int, t: tirx.Var) -> tirx.Stmt:
-    """``stmts`` under a guard that holds at ``waves`` (the loop variable ``t`` counts from
-    wave ``n0``); none where that is every wave of the loop."""
-    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]
+def _guarded(stmts: list, waves: list[int], n0: int, n1: int, t: tirx.Var) -> list:
+    """``stmts`` (barriers, then one stage loop) with the stage loop's trip count zero outside
+    ``waves`` (the loop variable ``t`` counts from wave ``n0``); unchanged where that is every
+    wave of the loop. A trip count, not an ``if``: TVM's ThreadSync may place a block barrier
+    in a stage but never under a condition, and the barriers before it run at every wave."""
+    *pres, loop = stmts
     if list(waves) == list(range(n0, n1)):
-        return body
+        return stmts
     cond = None
     for u, v in _ranges(waves):
         lo, hi = tirx.const(u - n0, "int64"), tirx.const(v - n0, "int64")
         part = tirx.EQ(t, lo) if u == v else tirx.And(tirx.GE(t, lo), tirx.LE(t, hi))
         cond = part if cond is None else tirx.Or(cond, part)
-    return tirx.IfThenElse(cond, body, None)
+    extent = tirx.Select(cond, loop.extent, tirx.const(0, str(loop.extent.ty)))
+    return pres + [tirx.For(loop.loop_var, loop.min, extent, loop.kind, loop.body, annotations=loop.annotations)]
 
 
 def _ranges(waves: list[int]) -> list[tuple[int, int]]:

@@ -361,18 +361,17 @@ def unroll(func: tirx.PrimFunc, fresh: bool = False) -> tirx.PrimFunc:
 
 
 def _resolved(seq: list, ana) -> list:
-    """``seq`` with each guard (a top-level ``if`` whose condition is now a constant) replaced by
-    what it guards, or dropped."""
+    """``seq`` with each guard resolved (``ramps``: a stage loop whose trip count is zero but at
+    some iterations, now a constant condition): the loop as it runs there, or nothing."""
     out = []
     for stmt in seq:
-        if not isinstance(stmt, tirx.IfThenElse):
-            out.append(stmt)
-            continue
-        cond = ana.simplify(stmt.condition)
+        ext = stmt.extent if isinstance(stmt, tirx.For) else None
+        cond = ana.simplify(ext.condition) if isinstance(ext, tirx.Select) else None
         if not isinstance(cond, tirx.IntImm):
             out.append(stmt)
         elif cond.value:
-            out += list(stmt.then_case.seq) if isinstance(stmt.then_case, tirx.SeqStmt) else [stmt.then_case]
+            out.append(tirx.For(stmt.loop_var, stmt.min, ext.true_value, stmt.kind, stmt.body,
+                                annotations=stmt.annotations))
     return out
 
 

@@ -123,10 +123,14 @@ def _preferred(strand: int, stages: list[int], feeds: dict, root: Callable[[int]
 
 def _place(preferred: list[int], width: int, taken: list, grid: int) -> int:
     """The first preferred lane whose blocks no strand of the wave has taken, else the first lane
-    after them all (modulo the grid)."""
+    after them all where that is free. Where no lane is free (the wave's strands are wider than
+    the grid together), the strand keeps the lane it reads most from: its blocks are shared
+    either way, and a chain that stays on its blocks wave after wave keeps its state there and
+    runs the same code in every wave (``ramps``)."""
     def free(lane: int) -> bool:
         return lane + width <= grid and all(lane + width <= a or a + w <= lane for a, w in taken)
     for lane in preferred:
         if free(lane):
             return lane
-    return max((a + w for a, w in taken), default=0) % grid
+    end = max((a + w for a, w in taken), default=0) % grid
+    return end if free(end) or not preferred else preferred[0]
