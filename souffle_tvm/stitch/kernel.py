@@ -163,9 +163,10 @@ def stitch(stages: list[LoweredStage], args: list[list], grid: int, block: int, 
         attrs[MIN_BLOCKS_ATTR] = tirx.const(min_blocks, "int32")
     func = tirx.PrimFunc(params, body, attrs=tvm.ir.DictAttrs(attrs))
     if waved is not None and written_out(func) > MAX_GROUPS_PER_SUBPROGRAM:
-        # the waves did not roll (a wave kernel's first and last waves differ from its steady
-        # ones): more code than the partitioner sized any kernel for, which nvcc and TVM's
-        # passes may not survive (the full 10 x 100 LSTM: 3861 stages, a crash); the given order
+        # more code than the partitioner sizes any kernel for, which TVM's passes may not survive:
+        # the full 10 x 100 LSTM's wave kernel crashed its build written out (3861 stages) and
+        # rolled with guarded ramps (3880 stages, 109 top-level loops, a segfault after 18
+        # minutes); the given order
         return stitch(*given, name=name, target=target, param_keys=param_keys, stackable=stackable,
                       min_blocks=min_blocks, private=private, waves_allowed=False)
     return Stitched(func, syncs, stacks, channels, order, residents, onchip_stacks,
@@ -197,15 +198,11 @@ def _by_waves(stages: list, args: list, access: list, views: list, param_of: dic
 
 
 def written_out(func: tirx.PrimFunc) -> int:
-    """Stage loops a stitched kernel's body writes out (a rolled loop's body counted once, with
-    the stages it guards)."""
-    def seq(s) -> list:
-        return list(s.seq) if isinstance(s, tirx.SeqStmt) else [s]
-
-    def loops(stmts) -> int:
-        return sum(loops(seq(s.body)) if isinstance(s, tirx.For) and rolling.ROLLED in s.annotations
-                   else int(isinstance(s, tirx.For)) for s in stmts)
-    return loops(stage_loops(func))
+    """Stage loops a stitched kernel's body writes out: a rolled loop's stages once, a fused
+    loop's each (the code TVM's passes and nvcc compile grows with them)."""
+    count = [0]
+    tvm_ffi.structural_walk(func.body, (tirx.For, lambda f: count.__setitem__(0, count[0] + (STAGE_BLOCKS in f.annotations))))
+    return count[0]
 
 
 def _phases(needs: list[str], lanes: list[int], blocks: list[int], grid: int) -> list[tuple[int, int]]:

@@ -17,9 +17,10 @@ its grid sync), so lanes never make a kernel unsafe, only sometimes cost a sync;
 keeps the wave order only where it needs fewer grid syncs than the order it was given, and
 writes out no more stage loops than the partitioner's group cap (``kernel.stitch``).
 
-Not yet: a wave kernel's first and last waves (fewer cells than the steady ones) are written
-out, not rolled with the steady waves under per-layer guards; so a deep stack (the full
-10 x 100 LSTM: 3861 stages) keeps the layer order.
+A wave kernel's steady waves, and the ramp waves beside them under guards, are one loop
+(``ramps``): the full 10 x 100 LSTM is one kernel of 110 grid syncs that writes out 109 stage
+loops. Not yet: dependency counters instead of the grid syncs (a layer waiting only for the
+cells it reads).
 """
 
 from __future__ import annotations
