@@ -24,8 +24,7 @@ import tvm_ffi
 from tvm import tirx
 
 from . import channel, dependence, ramps, resident, rolling, waves
-from .kernel_ir import (ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name,
-                        stage_loops)
+from .kernel_ir import ALLREDUCE, accesses, allreduce_threads, decompose, has_barrier, lane_block, op_name
 from .lower import LoweredStage, wide_thread
 from ..cost import estimate, tir_stats
 from ..core.ir_names import FUSED, K_OPAQUE, MIN_BLOCKS_ATTR, STAGE_BLOCKS, STAGE_LANE, STAGE_THREADS
