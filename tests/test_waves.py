@@ -108,13 +108,17 @@ def _bidirectional():
     return lstm_model(seq=4, batch=16, d_in=8, hidden=64, direction="bidirectional")
 
 
-def test_bidirectional_directions_run_side_by_side(monkeypatch):
+def test_bidirectional_directions_run_side_by_side():
     m, souffle = _souffle(_bidirectional(), Options(level="v3"))     # no step takes to move: the default
     [k] = souffle.stitched
     assert k.safety.ok and any(_lanes(souffle.mod[k.function]))
-    monkeypatch.setattr(kernel, "_by_waves", lambda *a, **kw: None)
-    [serial] = pipeline.run(m.mod, CUDA, m.params, Options(level="v3")).stitched
-    assert k.grid_syncs < serial.grid_syncs       # one direction after the other: each step its own
+    # the directions' steps share segments (between grid syncs), each on its own lanes: one
+    # direction after the other would share none (that kernel, built with ``kernel._by_waves``
+    # monkeypatched away, had 14 grid syncs against these 8)
+    lanes = {}
+    for segment, lane in k.phases:
+        lanes.setdefault(segment, set()).add(lane)
+    assert sum(len(held) > 1 for held in lanes.values()) >= 4       # one per step at least
     _checked(m, souffle)
 
 

@@ -27,6 +27,7 @@ from .compacted_once import compacted_once
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
+from .typed_views import typed_shared_views
 
 
 @tvm.transform.module_pass(opt_level=0, name="souffle.AttachCooperativeLaunch")
@@ -117,7 +118,7 @@ def drop_cooperative_guard(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def _cooperative_pipeline():
     pipeline, host, device = default_s_tir_pipeline()
     return tvm.transform.Sequential([drop_cooperative_guard, dynamic_shared_over_limit, apply_register_caps,
-                                     distinct_param_names, compacted_once(pipeline), attach_cooperative_launch]), host, device
+                                     distinct_param_names, compacted_once(pipeline), typed_shared_views, attach_cooperative_launch]), host, device
 
 
 # the entry check dropped + shared memory over 48 KB made dynamic + register caps + distinct parameter

@@ -32,6 +32,7 @@ from .cooperative import attach_cooperative_launch
 from .dynamic_shared import dynamic_shared_over_limit
 from .launch_bounds import apply_register_caps
 from .param_names import distinct_param_names
+from .typed_views import typed_shared_views
 from ..codegen.database import register_tensor_intrinsics
 from ..codegen.rules import NothingToWrite
 from ..codegen.schedule import host_loops
@@ -141,7 +142,7 @@ def _recording_pipeline():
     # Kernels without a grid sync are left untouched by attach_cooperative_launch.
     # (shared memory over the static limit made dynamic first: the launch form it measures has no caps yet)
     return tvm.transform.Sequential([dynamic_shared_over_limit, apply_register_caps, distinct_param_names,
-                                     remember_param_positions, compacted_once(pipeline),
+                                     remember_param_positions, compacted_once(pipeline), typed_shared_views,
                                      attach_cooperative_launch, record_device_kernels]), host, device
 
 

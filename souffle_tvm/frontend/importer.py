@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx
 
-from . import binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn, precision
+from . import accumulation, binding, names as c_names, onnx_bn, onnx_control, onnx_fold, onnx_forms, onnx_rnn, precision
 from .onnx_graph import NP_DTYPES, check_structure
 from ..errors import DynamicShapeError, ModelLoadError, SouffleError, UnknownInputError, UnsupportedOperatorError
 
@@ -383,6 +383,8 @@ def import_onnx(source, shapes: dict[str, tuple[int, ...]] | None = None, small:
             f"{name}: the imported graph keeps shapes known only at run time, which cannot be folded "
             f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1][:200]}); give static input "
             "shapes (--input-shapes) or export without data-dependent shapes") from None
+    if precision.compute_dtype(converted) == "bfloat16":    # converted or exported so: no bf16 accumulator exists
+        mod = accumulation.accumulate_in_float32(mod)
     mod, renamed = c_names.rename_params(mod)
     outputs = [o.name for o in model.graph.output]
     return ImportedModel(name, mod, weights, inputs, outputs, model, renamed, precision.compute_dtype(converted))

@@ -162,15 +162,29 @@ def stage_view(stmt, bid, tid, grid: int, loop=None) -> dependence.StageView | N
     if STAGE_BLOCKS not in ann or STAGE_THREADS not in ann:
         return None
     threads = int(ann[STAGE_THREADS])
-    body = stmt.body
-    if isinstance(body, tirx.IfThenElse) and body.else_case is None and \
-            tvm_ffi.structural_equal(body.condition, tid < tirx.const(threads, "int64")):
-        body = body.then_case
+    body = _unguarded(stmt.body, tid < tirx.const(threads, "int64"))
     it = (loop if loop is not None else stmt).loop_var
     lane = int(ann[STAGE_LANE]) if STAGE_LANE in ann else 0
     vb = it * tirx.const(grid, "int64") + lane_block(bid, lane, grid)
     body = tvm_ffi.structural_map(body, (tirx.Add, lambda e: dependence.VB if tvm_ffi.structural_equal(e, vb) else e))
     return dependence.StageView(body, tid, int(ann[STAGE_BLOCKS]), threads, lane)
+
+
+def _unguarded(body: tirx.Stmt, guard) -> tirx.Stmt:
+    """A stage loop's body without its thread guard (``tid < threads``, the stage's own threads of
+    the kernel's), also where block barriers come before it: a stage that reads a resident
+    channel after a grid sync begins with one (``kernel.stitch``). With the guard left in, every
+    store of such a stage proved nothing, and the static check refused a stacked channel the
+    plan had proved (issue 58, item 2: an LSTM's gate sum, one slot per step)."""
+    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    lead = 0
+    while lead < len(seq) - 1 and dependence.is_block_barrier(seq[lead]):
+        lead += 1
+    last = seq[lead]
+    if lead != len(seq) - 1 or not (isinstance(last, tirx.IfThenElse) and last.else_case is None and
+                                     tvm_ffi.structural_equal(last.condition, guard)):
+        return body
+    return tirx.SeqStmt(seq[:lead] + [last.then_case]) if lead else last.then_case
 
 
 def lane_block(bid, lane: int, grid: int) -> tirx.PrimExpr:

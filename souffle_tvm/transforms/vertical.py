@@ -11,7 +11,10 @@ operand, which no GEMM rule tiles (a select of loads, not one buffer); or it doe
 and some consumer reads each of its elements more than once (a GEMM reading a GELU output
 would recompute it per output column) — such a stage stays and becomes its producer's
 *epilogue* in the partition (fused at its store, computed once); or a chain of :data:`MAX_COMPOSED` stages is
-composed into it already (a long element-wise chain is cut into expressions of that depth).
+composed into it already (a long element-wise chain is cut into expressions of that depth); or it
+narrows a reduction's float result (a float32-accumulated fp16/bf16 GEMM's cast back,
+``frontend.accumulation``): inlined, the cast would move into the consumers and the reduction
+write its wide type; kept, it is the reduction's epilogue, and the narrow tensor is what crosses memory.
 """
 
 from __future__ import annotations
@@ -99,6 +102,9 @@ def _decide(t: te.Tensor, users: dict, pinned: dict, composed: set, flops_per_el
         return "multi-output compute"
     if analysis.classify(op)[0] == analysis.REDUCTION:
         return "reduction (an anchor)"
+    narrowed = analysis.narrowed_reduction(op)
+    if narrowed is not None:
+        return f"narrows reduction {narrowed}'s float result (its epilogue: the narrow type is written)"
     if op in composed:
         return None
     reads = _effective_reads(op, users, composed)

@@ -14,7 +14,7 @@ takes that size):
 - ``partial_rows.PartialRows``: a two-phase reduction's first phase, tiled like its GEMM.
 - ``tiled_combine.TiledCombine``: a two-phase reduction's combine and its consumer, tiled like
   the GEMM (so the GEMM's tile can stay on chip in a stitched kernel).
-- ``tensorcore.TensorCoreMatmul``: fp16 GEMMs on tensor cores with 8 warps (4 or 16).
+- ``tensorcore.TensorCoreMatmul``: fp16 and bf16 GEMMs on tensor cores with 8 warps (4 or 16).
 - ``stitched_matmul.StitchedMatmul``: dlight's ``gpu.Matmul`` at 16 x 16 threads (8 x 16,
   16 x 32; reported as "Matmul").
 - ``column_reduction.ColumnReduction``: a reduction over an outer axis, K over threadIdx.y.

@@ -129,3 +129,12 @@ def stitched_seconds(work: ContractionWork, tiles: int, threads: int, tensor_cor
                           work.elem_bytes, **extra)
     per_sm = max(1, STITCH_BLOCKS_PER_SM * STITCH_BLOCK // threads)
     return latency.stage_time(gpu, latency.FITTED, stage, slots or gpu.sms * per_sm, persistent=True).seconds
+
+
+def tensor_core_dtypes(arch: str) -> tuple[tuple[str, str], ...]:
+    """The (input, accumulator) types ``TensorCoreMatmul`` tensorizes on ``arch`` ("sm_90"): fp16 with fp16
+    or fp32 accumulation from sm_70, bf16 with fp32 accumulation from sm_80 (wmma has no bf16
+    before Ampere, and no bf16 accumulator at all)."""
+    sm = int(arch[3:]) if arch.startswith("sm_") and arch[3:].isdigit() else 0
+    fp16 = (("float16", "float16"), ("float16", "float32"))
+    return () if sm < 70 else fp16 if sm < 80 else fp16 + (("bfloat16", "float32"),)

@@ -29,7 +29,7 @@ from tvm import s_tir, tirx
 
 from ...core.ir_names import GEMM_TILE_ATTR
 from .base import CUDAScheduleRule
-from .gemm_tiles import ContractionWork, normalize, stitched_seconds, tile_count
+from .gemm_tiles import ContractionWork, normalize, stitched_seconds, tensor_core_dtypes, tile_count
 
 # wmma fragment, and the smallest GEMM dimension dlight's Matmul still tensorizes
 MICRO = 16
@@ -67,23 +67,50 @@ TILES_BY_WARPS = {
 }
 
 
-class TensorCoreMatmul(CUDAScheduleRule):
-    """fp16 GEMM (fp16 or fp32 accumulate) on tensor cores with 8 warps. Applies on sm_70+ to a
-    GEMM with fp16 inputs whose every fixed dimension is > 64, unless the function has the
-    ``dlight.do_not_tensorize`` attribute.
+# TVM 0.27 registers wmma intrinsics for fp16, int8 and int4 only; its generators take bf16 as they
+# are (nvcuda::wmma has bf16 fragments from sm_80), under the names ``get_wmma_intrin_group`` would give
+_BF16 = {"load_a": "wmma_load_16x16x16_bf16_a_shared_dyn", "load_b": "wmma_load_16x16x16_bf16_b_trans_shared_dyn",
+         "compute": "wmma_sync_16x16x16_bf16bf16f32_trans", "init": "wmma_fill_16x16x16_f32",
+         "store": "wmma_store_16x16x16_f32_shared_dyn"}
 
+
+def _wmma_group(in_dtype: str, out_dtype: str) -> dict[str, str]:
+    """The wmma intrinsics for ``in_dtype`` operands accumulated in ``out_dtype`` (shared.dyn
+    operands, B transposed), bf16's registered on first use."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group, get_wmma_load_intrin, get_wmma_sync_intrin
+
+    if in_dtype != "bfloat16":
+        return get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype=in_dtype,
+                                     out_dtype=out_dtype, trans_b=True)
+    made = {"load_a": lambda: get_wmma_load_intrin(MICRO, MICRO, MICRO, in_dtype, "shared.dyn", False, False),
+            "load_b": lambda: get_wmma_load_intrin(MICRO, MICRO, MICRO, in_dtype, "shared.dyn", True, True),
+            "compute": lambda: get_wmma_sync_intrin(MICRO, MICRO, MICRO, in_dtype, "float32", True)}
+    for role, make in made.items():
+        if TensorIntrin.get(_BF16[role], allow_missing=True) is None:
+            TensorIntrin.register(_BF16[role], *make())
+    return dict(_BF16)
+
+
+class TensorCoreMatmul(CUDAScheduleRule):
+    """fp16 GEMM (fp16 or fp32 accumulate) or bf16 GEMM (fp32 accumulate) on tensor cores with 8
+    warps. Applies on sm_70+ (bf16: sm_80+) to a GEMM whose every fixed dimension is > 64,
+    unless the function has the ``dlight.do_not_tensorize`` attribute.
+
+    ``dtypes``: the (input, accumulator) types it takes, of those the arch allows (default: all).
     ``tile``: the block's output tile (one of ``TILES``); None: per GEMM, the one the latency
     model predicts fastest on ``slots`` resident blocks (default: a stitched kernel's,
     ``STITCH_BLOCKS_PER_SM`` per SM). The schedule carries the tile as ``GEMM_TILE_ATTR``
     (rows, columns): the tile a two-phase partial shares."""
 
     def __init__(self, tile: WarpTile | None = None, k_frags: int = 4, slots: int | None = None,
-                 warps: int = WARPS):
+                 warps: int = WARPS, dtypes: tuple[tuple[str, str], ...] | None = None):
         if warps not in TILES_BY_WARPS:
             raise ValueError(f"a tensor-core block has {' or '.join(map(str, TILES_BY_WARPS))} warps (asked: {warps})")
         if tile is not None and tile.warps_m * tile.warps_n != warps:
             raise ValueError(f"a tensor-core tile has {warps} warps (asked: {tile})")
         self.tile, self.k_frags, self.slots, self.warps = tile, k_frags, slots, warps
+        self.dtypes = dtypes
 
     @property
     def threads(self) -> int:
@@ -118,7 +145,8 @@ class TensorCoreMatmul(CUDAScheduleRule):
         reduction_blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if reduction_blocks is None or get_index_map(sch.get(reduction_blocks[0])) is None:
             return None
-        if get_in_out_dtypes(sch.get(reduction_blocks[0])) not in (("float16", "float16"), ("float16", "float32")):
+        in_out = get_in_out_dtypes(sch.get(reduction_blocks[0]))
+        if in_out not in tensor_core_dtypes(arch) or (self.dtypes is not None and in_out not in self.dtypes):
             return None
 
         main_block = reduction_blocks[0]
@@ -146,7 +174,6 @@ class TensorCoreMatmul(CUDAScheduleRule):
         from ..database import register_tensor_intrinsics
 
         register_tensor_intrinsics(target)
-        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
         sch.pad_einsum(main_block, [1, tile.rows, tile.cols, MICRO * self.k_frags])
         block = main_block
@@ -207,11 +234,7 @@ class TensorCoreMatmul(CUDAScheduleRule):
         block_init_c = sch.decompose_reduction(block_outer, k0)
         block_init_c_inner = sch.get_child_blocks(block_init_c)[0]
 
-        def intrinsics(out_dtype):
-            return get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn",
-                                         in_dtype="float16", out_dtype=out_dtype, trans_b=True)
-
-        intrin = intrinsics("float32")
+        intrin = _wmma_group(in_out[0], "float32")
         for mat, name in ((a_mat, "load_a"), (b_mat, "load_b")):
             mi, mj = sch.get_loops(mat)[-2:]
             mi0, mi1 = sch.split(mi, factors=[None, MICRO])
@@ -229,7 +252,7 @@ class TensorCoreMatmul(CUDAScheduleRule):
         try:
             tensorize_init_store_compute(intrin)
         except Exception:  # noqa: BLE001 - the fp32 pattern does not match an fp16 accumulator (dlight's retry)
-            tensorize_init_store_compute(intrinsics("float16"))
+            tensorize_init_store_compute(_wmma_group(in_out[0], "float16"))
         auto_inline_consumer_chain(sch, acc_shared)
         fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
         _, f1, f2 = sch.split(fused, factors=[None, warp_size, vector_size])
