@@ -256,6 +256,7 @@ def test_a_stacked_channel_read_after_a_grid_sync_stays_on_chip(lstm_lm_fp16):
         assert c.finite and c.rel_l2 < 1e-2, c
 
 
+@pytest.mark.slow      # ~15 s (the default suite's time)
 def test_a_channel_the_check_refuses_falls_back_to_global_memory(lstm_lm_fp16, monkeypatch):
     """The safety net behind the proof: a kernel the static check refuses over a channel (planted:
     every kernel with a channel refused, as the check's guard reading used to refuse this one) is
