@@ -372,3 +372,13 @@ def test_block_barrier_is_syncthreads():
     assert not d.is_block_barrier(tirx.Evaluate(c(0)))
     assert not d.is_block_barrier(store(OWN))
     assert not d.is_block_barrier(tirx.Evaluate(tirx.call_intrin("int32", "tirx.cuda.grid_sync")))
+
+
+def test_a_load_that_cannot_be_bounded_is_never_inside_the_box():
+    """A reader whose index keeps an int32 loop variable under a truncating division (which the
+    int64 widening does not rebuild) cannot be bounded: it is not proved inside the writer's
+    box, so no channel is sized by it (mutant #90 of results/mutation-2026-12-08 answered inside)."""
+    i = tirx.Var("i", "int32")
+    hidden = tirx.Cast(I64, tirx.Div(i, tirx.const(2, "int32")))
+    assert _box(store(OWN), loop(i, 1, reads(VB * c(64) + TID + hidden))) is None
+    assert _same(_box(store(OWN), loop(i, 1, reads(OWN))), [(VB * c(64), 64)])      # the same, bounded
