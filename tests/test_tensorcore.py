@@ -182,15 +182,16 @@ def _mlp(dtype: str = "float16"):
     return g.model(f"{dtype} MLP with tensor-core GEMMs")
 
 
-def _shared_strides(func):
+def _allocated(func, scope: str) -> list:
+    """The buffers ``func`` allocates in ``scope``."""
     found = []
-
-    def alloc(a):
-        if str(a.buffer.ty.storage_scope) == "shared.dyn":
-            found.append((a.buffer.name, [int(st) for st in a.buffer.ty.strides]))
-
-    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, alloc))
+    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda a: found.append(a.buffer)
+                                        if str(a.buffer.ty.storage_scope) == scope else None))
     return found
+
+
+def _shared_strides(func):
+    return [(b.name, [int(st) for st in b.ty.strides]) for b in _allocated(func, "shared.dyn")]
 
 
 def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
@@ -211,14 +212,7 @@ def test_stitched_tensor_core_kernel_emulated_matches_onnxruntime():
 
 
 def _accumulators(func) -> list[str]:
-    found = []
-
-    def alloc(a):
-        if str(a.buffer.ty.storage_scope) == "wmma.accumulator":
-            found.append(str(a.buffer.dtype))
-
-    tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, alloc))
-    return found
+    return [str(b.dtype) for b in _allocated(func, "wmma.accumulator")]
 
 
 # relative L2 against onnxruntime's float32 run, emulated: 2.88e-3 (bf16) and 5.1e-4 (fp16) measured

@@ -20,34 +20,23 @@ from tvm import tirx
 from ..stitch.kernel_ir import op_name
 
 
-def _views_by_pointer(func: tirx.PrimFunc) -> dict[str, dict[str, object]]:
-    """Per data pointer (its text) viewed in more than one element type in ``func``: the views
-    declared over it, by element type."""
-    views: dict[str, dict[str, object]] = {}
+def _retyped(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    views: dict[str, dict[str, object]] = {}      # data pointer (its text) -> element type -> view
+    pointer_of: dict = {}                          # view -> its data pointer
 
     def decl(s):
+        pointer_of[s.buffer] = str(s.data)
         views.setdefault(str(s.data), {}).setdefault(str(s.buffer.dtype), s.buffer)
 
     tvm_ffi.structural_walk(func.body, (tirx.DeclBuffer, decl))
-    return {d: by_type for d, by_type in views.items() if len(by_type) > 1}
-
-
-def _retyped(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    mixed = _views_by_pointer(func)
-    if not mixed:
+    if all(len(by_type) < 2 for by_type in views.values()):
         return func
-    declared = {}
-
-    def decl(s):
-        declared[s.buffer] = str(s.data)
-
-    tvm_ffi.structural_walk(func.body, (tirx.DeclBuffer, decl))
 
     def call(c):
         if op_name(c) != "tirx.tvm_access_ptr" or op_name(c.args[1]) != "tirx.buffer_data":
             return c
         view, wanted = c.args[1].args[0], str(c.args[0].ty.dtype)
-        own = mixed.get(declared.get(view), {}).get(wanted)
+        own = views.get(pointer_of.get(view), {}).get(wanted)
         if own is None or str(view.dtype) == wanted:
             return c
         return tvm.ir.Call(c.op, [c.args[0], own.data, *c.args[2:]], ret_ty=c.ty)

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Mutation pass over one module (results/mutation-2026-12-03/README.md):
+# Mutation pass over one module (results/mutation-2026-12-03/README.md; since 2026-12-08 `dep` also
+# selects tests/test_resident.py and `groups` has tests/test_groups.py: results/mutation-2026-12-08/):
 #   bash results/mutation-2026-12-03/harness/run.sh dep|races|groups [--after]
 # Copies the working tree (without .venv/.git) to /tmp/mut-NAME, never mutating this checkout;
 # starts a fork server that imports TVM once (harness/forkserver.py); runs mutmut 2.5.1 (the
@@ -16,8 +17,8 @@ case $name in
   dep)
     module=souffle_tvm/stitch/dependence.py
     extra=tests/test_dependence_mutants.py
-    tests="tests/test_two_phase.py tests/test_onchip.py tests/test_stitch.py"
-    k="partials_run or next_blocks or removed_block_barrier_is_caught or atomic_kernel_zero_fills or reader_of_atomic or zero_fill_are or block_local_intermediate or read_after_the_kernel or fused_loop_without or read_before_it_is_written or never_leaves_the_chip or without_the_channel or static_check"
+    tests="tests/test_resident.py tests/test_two_phase.py tests/test_onchip.py tests/test_stitch.py"
+    k="test_resident or partials_run or next_blocks or removed_block_barrier_is_caught or atomic_kernel_zero_fills or reader_of_atomic or zero_fill_are or block_local_intermediate or read_after_the_kernel or fused_loop_without or read_before_it_is_written or never_leaves_the_chip or without_the_channel or static_check"
     ;;
   races)
     module=souffle_tvm/runtime/races.py
@@ -25,9 +26,9 @@ case $name in
     tests="tests/test_races.py"
     k="small_kernels or same_value or order_asked or named_or_seeded or needs_its_inputs or does_not_import or (removed_block_barrier and softmax and not on_chip)"
     ;;
-  groups)       # before only: no mutants-only tests were written for partition/
+  groups)
     module=souffle_tvm/partition/groups.py
-    extra=
+    extra=tests/test_groups.py
     tests="tests/test_two_phase.py tests/test_onchip.py tests/test_stitch.py tests/test_report_html.py"
     k="partials_run or next_blocks or partitioner_credits or subprogram_cuts or group_edges"
     ;;
