@@ -269,9 +269,9 @@ def _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, use
                 [relax.TensorType([int(d) for d in st.var.ty.shape], str(st.var.ty.dtype)) for st in stacks]
     safety = check(func, grid, None)
     if not safety.ok and onchip and channels and any("_onchip" in p for p in safety.problems):
-        # The channel plan proves each channel on the stages before rolling stacks them; where the
-        # static check cannot prove a stacked channel's reads block-local in the rolled kernel
-        # (issue 58, item 2: an LSTM's cell state, one slot per step), the kernel keeps its
+        # A safety net: the channel plan proves each channel on the stage views before stitching,
+        # the check on the kernel stitched (rolled, barriers in place). Where the two disagree (as
+        # a stage's leading barrier once made them: issue 58, item 2), the kernel keeps its
         # tensors in global memory behind the grid syncs the dependences need, instead of failing.
         return _emit_stitched(bb, mod, target, calls, aliases, env, grid, block, index, used_after, min_blocks,
                               stage_funcs, onchip=False)

@@ -260,26 +260,19 @@ def analyze(prog: TEProgram) -> Analysis:
     return Analysis(infos)
 
 
-def _float_cast(op) -> tuple[te.Tensor, str, str] | None:
-    """(source, its type, the result's type) where ``op`` only casts one float tensor to another
-    float type, else None."""
+def narrowed_reduction(op) -> str | None:
+    """The name of the reduction whose float result ``op`` only casts to a narrower float type
+    (a float32-accumulated fp16/bf16 GEMM's cast back), else None: such a cast is the reduction's
+    epilogue, so the narrow tensor is the one written."""
     if not isinstance(op, te.ComputeOp):
         return None
     body = op.body[0]
     if not isinstance(body, tirx.Cast) or not te_rewrite.is_load(body.value):
         return None
     (src, _), = te_rewrite.loads(body)
-    to, frm = str(op.output(0).dtype), str(src.dtype)
+    wide, narrow = str(src.dtype), str(op.output(0).dtype)
     floats = ("float", "bfloat")
-    return (src, frm, to) if to.startswith(floats) and frm.startswith(floats) else None
-
-
-def narrowed_reduction(op) -> str | None:
-    """The name of the reduction whose float result ``op`` only casts to a narrower float type
-    (a float32-accumulated fp16/bf16 GEMM's cast back), else None: such a cast is the reduction's
-    epilogue, so the narrow tensor is the one written."""
-    cast = _float_cast(op)
-    if cast is None or tir_stats.dtype_bytes(cast[2]) >= tir_stats.dtype_bytes(cast[1]):
+    if not (wide.startswith(floats) and narrow.startswith(floats)) or \
+            tir_stats.dtype_bytes(narrow) >= tir_stats.dtype_bytes(wide):
         return None
-    src = cast[0]
     return src.op.name if isinstance(src.op, te.ComputeOp) and classify(src.op)[0] == REDUCTION else None
